@@ -1,0 +1,3 @@
+from jaxswe.cli import main
+
+main()

@@ -1,0 +1,260 @@
+"""Typed run configuration: one YAML file per runnable setup, validated by pydantic.
+
+A config file holds named sections (model, optimizer, mesh, rollout, env, agent, sft, rft, rl,
+eval) plus the list of stages a pipeline runs. `load_config(path, overrides)` reads the YAML,
+applies `section.key=value` overrides (values parsed as YAML scalars) and validates the whole.
+Any problem (missing file, bad YAML, unknown key, wrong type) raises `ConfigError` whose message
+is one line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from jaxswe.errors import UserError
+
+
+class ConfigError(UserError):
+    """A config file or override that cannot be used; the message is one line for the user."""
+
+
+class Section(BaseModel):
+    """Base of every config section: frozen, and unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(Section):
+    """The policy model: where its weights come from and how it computes."""
+
+    path: str | None = None  # Hugging Face directory or Orbax checkpoint; None with `preset`
+    preset: str | None = None  # a named shape from jaxswe.model presets (random init)
+    tokenizer: str | None = None  # directory with tokenizer files; defaults to `path`
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    remat: Literal["none", "full", "save_projections"] = "full"
+    attention: Literal["blockwise", "dense", "cudnn"] = "blockwise"
+    attention_block: int = Field(512, gt=0)
+    logprob_chunk: int = Field(1024, gt=0)
+    max_context: int = Field(65536, gt=0)
+    rope_scaling: dict[str, Any] | None = None  # e.g. {rope_type: yarn, factor: 4.0, ...}
+    seed: int = 0
+
+
+class OptimizerSection(Section):
+    """AdamW with warm-up, cosine-to-zero (or constant) schedule and global-norm clipping."""
+
+    lr: float = Field(1e-6, gt=0)
+    b1: float = Field(0.9, ge=0, lt=1)
+    b2: float = Field(0.999, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["cosine", "constant"] = "constant"
+    total_steps: int | None = Field(None, gt=0)  # required for cosine
+    grad_clip: float | None = Field(1.0, gt=0)
+    micro_batches: int = Field(1, gt=0)
+
+    @model_validator(mode="after")
+    def _cosine_needs_total(self) -> OptimizerSection:
+        if self.schedule == "cosine" and self.total_steps is None:
+            raise ValueError("schedule 'cosine' needs total_steps")
+        return self
+
+
+class MeshSection(Section):
+    """Device mesh axis sizes (-1 takes the remaining devices) and logical-axis rules."""
+
+    axes: dict[str, int] = Field(default_factory=lambda: {"data": 1, "fsdp": -1, "context": 1, "tensor": 1})
+    rules: dict[str, str | list[str] | None] | None = None  # logical name -> mesh axis; None = defaults
+    context_attention: Literal["ring", "allgather"] = "ring"
+    gpu_memory_gb: float = Field(141.0, gt=0)
+    num_hosts: int = Field(1, gt=0)
+
+
+class RolloutSection(Section):
+    """Rollout engine and sampling. RL sampling must be unbiased unless `allow_biased_sampling`."""
+
+    engine: Literal["embedded", "http", "sglang"] = "embedded"
+    urls: list[str] = Field(default_factory=list)  # http: servers (or one sglang-router URL)
+    host: str = "127.0.0.1"
+    port: int = Field(30000, ge=0, lt=65536)  # embedded server port; 0 picks a free one
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    min_p: float = Field(0.0, ge=0, le=1)
+    max_new_tokens: int = Field(1024, gt=0)
+    allow_biased_sampling: bool = False
+    request_timeout_s: float = Field(600.0, gt=0)
+    max_retries: int = Field(3, ge=0)
+    max_batch: int = Field(16, gt=0)
+    tensor_parallel: int = Field(1, gt=0)  # sglang launcher
+    mem_fraction: float = Field(0.85, gt=0, le=1)  # sglang launcher
+    seed: int = 0
+
+
+class EnvSection(Section):
+    """Where tasks come from and where their commands run."""
+
+    tasks: str = "builtin"  # "builtin" or a JSON/JSONL path
+    eval_tasks: str | None = None  # defaults to `tasks`
+    backend: Literal["local", "docker"] = "local"
+    command_timeout_s: float = Field(60.0, gt=0)
+    output_limit_chars: int = Field(8000, gt=0)
+    max_parallel: int = Field(8, gt=0)
+    memory_limit: str = "2g"
+    cpu_limit: float = Field(0.5, gt=0)
+    pids_limit: int = Field(256, gt=0)
+
+
+class AgentSection(Section):
+    """The scaffold: prompts and episode limits."""
+
+    prompts: str = "default"  # a name in jaxswe/prompts or a YAML path
+    max_turns: int = Field(40, gt=0)
+    max_context_tokens: int = Field(65536, gt=0)
+    window_lines: int = Field(100, gt=0)
+    demonstration: bool = False  # one-shot demo in the prompt (first RFT round only)
+
+
+class SFTSection(Section):
+    """Supervised training on trajectories (warm start and RFT)."""
+
+    epochs: float = Field(1.0, gt=0)
+    batch_size: int = Field(64, gt=0)  # trajectories per optimizer step
+    max_steps: int | None = Field(None, gt=0)
+    seq_len: int = Field(65536, gt=0)  # packed row length
+
+
+class WarmStartSection(Section):
+    """Stand-in for a pretrained base model in the CPU demo: SFT on scripted demonstrations."""
+
+    steps: int = Field(200, gt=0)
+    batch_size: int = Field(8, gt=0)
+    lr: float = Field(3e-3, gt=0)
+
+
+class RFTSection(Section):
+    """Rejection fine-tuning: sample N per task, keep resolved, SFT."""
+
+    samples_per_task: int = Field(10, gt=0)
+
+
+class RLSection(Section):
+    """Synchronous DAPO RL."""
+
+    iterations: int = Field(10, gt=0)
+    problems_per_iteration: int = Field(300, gt=0)
+    group_size: int = Field(10, ge=2)
+    trajectories_per_step: int = Field(128, gt=0)
+    eps_low: float = Field(0.2, ge=0, lt=1)
+    eps_high: float = Field(0.28, ge=0)
+    turn_penalty_threshold: int = Field(10, gt=0)
+    resample_to_fill: bool = False
+    max_resample_rounds: int = Field(0, ge=0)
+    task_filter: Literal["none", "solved_fraction"] = "none"
+    drop_solved_fraction: float = Field(2 / 3, gt=0, le=1)
+    drop_never_solved: bool = True
+    history_from: str | None = None  # run dir whose success history feeds the task filter
+    tis_correction: bool = False  # truncated importance sampling for rollout/trainer gap
+    tis_cap: float = Field(2.0, gt=0)
+    seq_len: int = Field(65536, gt=0)
+
+
+class EvalSection(Section):
+    """Pass@1 over k samples and Pass@k."""
+
+    samples_per_task: int = Field(1, gt=0)
+    pass_at_k: list[int] = Field(default_factory=lambda: [1])
+    temperature: float = Field(1.0, ge=0)
+
+
+class RunConfig(Section):
+    """A whole runnable setup."""
+
+    name: str = "run"
+    stages: list[Literal["warmstart", "rft", "rl", "eval"]] = Field(default_factory=lambda: ["eval"])
+    init_from: str | None = None  # checkpoint or run dir the first stage starts from
+    seed: int = 0
+    model: ModelSection = Field(default_factory=ModelSection)
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    mesh: MeshSection = Field(default_factory=MeshSection)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    env: EnvSection = Field(default_factory=EnvSection)
+    agent: AgentSection = Field(default_factory=AgentSection)
+    sft: SFTSection = Field(default_factory=SFTSection)
+    warmstart: WarmStartSection = Field(default_factory=WarmStartSection)
+    rft: RFTSection = Field(default_factory=RFTSection)
+    rl: RLSection = Field(default_factory=RLSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected section.key=value")
+    key, raw = text.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of `data` with each `a.b.c=value` override set."""
+    data = copy.deepcopy(data)
+    for text in overrides:
+        path, value = _parse_override(text)
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {part!r} is not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def _first_error(where: str, err: ValidationError) -> ConfigError:
+    e = err.errors()[0]
+    key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return ConfigError(f"{where}: {key}: {msg}{more}")
+
+
+def config_from_dict(data: dict[str, Any], *, where: str = "config") -> RunConfig:
+    """Validate a plain dict as a RunConfig; errors name `where` and the key."""
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise _first_error(where, err) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML config, apply overrides, validate. Raises ConfigError with one line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{line} invalid YAML") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    data = apply_overrides(data, overrides or [])
+    return config_from_dict(data, where=str(path))
+
+
+def dump_config(config: RunConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML (what a run actually used)."""
+    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

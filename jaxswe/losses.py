@@ -1,0 +1,125 @@
+"""Losses and reward arithmetic of RFT and DAPO (pure, jit-able, chex-asserted).
+
+Shapes: B trajectories (or packed rows), T tokens, P problems, G rollouts per problem.
+Every normalizer is guarded so that an all-masked batch gives 0, never NaN.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+
+# exp() of a log-ratio beyond this would overflow float32 gradients; real ratios never get here.
+_MAX_LOG_RATIO = 60.0
+
+
+def _normalizer(mask_bt: jax.Array, num_tokens: jax.Array | float | None) -> jax.Array:
+    n = jnp.sum(mask_bt) if num_tokens is None else jnp.asarray(num_tokens, jnp.float32)
+    return jnp.maximum(n, 1.0)
+
+
+def _masked_mean(x_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
+    return jnp.sum(jnp.where(mask_bt > 0, x_bt, 0.0)) / jnp.maximum(jnp.sum(mask_bt), 1.0)
+
+
+def dapo_loss(
+    logprobs: jax.Array,
+    old_logprobs: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    num_tokens: jax.Array | float | None = None,
+    token_weights: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Token-level clipped policy-gradient loss of DAPO (no KL term).
+
+    loss = -sum(mask * w * min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A)) / N with
+    rho = exp(logprobs - old_logprobs), N = num_tokens (global count over micro-batches and
+    devices) or sum(mask). `advantages` is [B] (one per trajectory) or [B, T] (per token, for rows
+    that pack several trajectories). `token_weights` (optional, [B, T], no gradient) scales each token,
+    e.g. truncated importance weights for a rollout/trainer mismatch.
+    aux holds masked means over this call's tokens: clip_fraction (the clip binds),
+    clip_low_fraction, clip_high_fraction, approx_kl (k3 estimate of KL(old || new)),
+    ratio_mean, ratio_max and num_tokens (this call's unmasked tokens).
+    """
+    chex.assert_rank([logprobs, old_logprobs, mask], 2)
+    chex.assert_equal_shape([logprobs, old_logprobs, mask])
+    chex.assert_type([logprobs, old_logprobs, advantages], float)
+    if advantages.ndim == 1:
+        chex.assert_shape(advantages, (logprobs.shape[0],))
+        advantages = advantages[:, None]
+    else:
+        chex.assert_equal_shape([advantages, logprobs])
+    on_bt = mask > 0
+    log_ratio_bt = jnp.where(on_bt, logprobs - old_logprobs, 0.0)
+    log_ratio_bt = jnp.clip(log_ratio_bt, -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    ratio_bt = jnp.exp(log_ratio_bt)
+    adv_bt = advantages.astype(logprobs.dtype)
+    unclipped_bt = ratio_bt * adv_bt
+    clipped_bt = jnp.clip(ratio_bt, 1.0 - eps_low, 1.0 + eps_high) * adv_bt
+    objective_bt = jnp.minimum(unclipped_bt, clipped_bt)
+    weight_bt = mask.astype(objective_bt.dtype)
+    if token_weights is not None:
+        chex.assert_equal_shape([token_weights, mask])
+        weight_bt = weight_bt * jax.lax.stop_gradient(token_weights)
+    loss = -jnp.sum(jnp.where(on_bt, weight_bt * objective_bt, 0.0)) / _normalizer(mask, num_tokens)
+
+    ratio_sg = jax.lax.stop_gradient(ratio_bt)
+    low_bt = (adv_bt < 0) & (ratio_sg < 1.0 - eps_low)
+    high_bt = (adv_bt > 0) & (ratio_sg > 1.0 + eps_high)
+    log_ratio_sg = jax.lax.stop_gradient(log_ratio_bt)
+    aux = {
+        "clip_fraction": _masked_mean((low_bt | high_bt).astype(jnp.float32), mask),
+        "clip_low_fraction": _masked_mean(low_bt.astype(jnp.float32), mask),
+        "clip_high_fraction": _masked_mean(high_bt.astype(jnp.float32), mask),
+        "approx_kl": _masked_mean(ratio_sg - 1.0 - log_ratio_sg, mask),
+        "ratio_mean": _masked_mean(ratio_sg, mask),
+        "ratio_max": jnp.max(jnp.where(on_bt, ratio_sg, 0.0)),
+        "num_tokens": jnp.sum(mask).astype(jnp.float32),
+    }
+    chex.assert_shape(loss, ())
+    return loss, aux
+
+
+def sft_loss(
+    logprobs: jax.Array, mask: jax.Array, *, num_tokens: jax.Array | float | None = None
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Masked mean negative log-likelihood: -sum(mask * logprobs) / N (N as in dapo_loss)."""
+    chex.assert_rank([logprobs, mask], 2)
+    chex.assert_equal_shape([logprobs, mask])
+    chex.assert_type(logprobs, float)
+    on_bt = mask > 0
+    nll_sum = -jnp.sum(jnp.where(on_bt, logprobs * mask, 0.0))
+    loss = nll_sum / _normalizer(mask, num_tokens)
+    aux = {
+        "nll": _masked_mean(-logprobs, mask),
+        "num_tokens": jnp.sum(mask).astype(jnp.float32),
+    }
+    return loss, aux
+
+
+def informative_groups(rewards: jax.Array) -> jax.Array:
+    """bool [P]: True where a group's G rewards are not all equal (it carries a learning signal)."""
+    chex.assert_rank(rewards, 2)
+    return jnp.max(rewards, axis=-1) != jnp.min(rewards, axis=-1)
+
+
+def group_advantages(rewards: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+    """[P, G] -> [P, G]: (r - mean_g) / (std_g + eps), population std; equal groups give exactly 0."""
+    chex.assert_rank(rewards, 2)
+    rewards = jnp.asarray(rewards, jnp.promote_types(rewards.dtype, jnp.float32))
+    mean_p1 = jnp.mean(rewards, axis=-1, keepdims=True)
+    std_p1 = jnp.std(rewards, axis=-1, keepdims=True)
+    adv = (rewards - mean_p1) / (std_p1 + eps)
+    return jnp.where(informative_groups(rewards)[:, None], adv, 0.0)
+
+
+def turn_penalty(num_turns: jax.Array | int, *, threshold: int = 10, max_turns: int = 40) -> jax.Array:
+    """R_len of the paper: 0 if n < threshold else (threshold - n) / (max_turns - threshold)."""
+    if max_turns <= threshold:
+        raise ValueError(f"max_turns ({max_turns}) must exceed threshold ({threshold})")
+    n = jnp.asarray(num_turns, jnp.float32)
+    return jnp.where(n < threshold, 0.0, (threshold - n) / float(max_turns - threshold))

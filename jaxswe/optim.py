@@ -1,0 +1,89 @@
+"""The paper's optimizer from config: AdamW, warm-up then cosine-to-zero or constant, clipping,
+and gradient accumulation over micro-batches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxswe.config import OptimizerSection
+
+
+def make_schedule(cfg: OptimizerSection) -> optax.Schedule:
+    """Linear warm-up from 0 to `lr` over `warmup_steps`, then cosine decay to 0 or constant."""
+    if cfg.schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(
+            init_value=0.0,
+            peak_value=cfg.lr,
+            warmup_steps=cfg.warmup_steps,
+            decay_steps=max(cfg.total_steps, cfg.warmup_steps + 1),
+            end_value=0.0,
+        )
+    if cfg.warmup_steps == 0:
+        return optax.constant_schedule(cfg.lr)
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), optax.constant_schedule(cfg.lr)],
+        [cfg.warmup_steps],
+    )
+
+
+def make_optimizer(cfg: OptimizerSection) -> optax.GradientTransformation:
+    """Global-norm clipping (if set) followed by AdamW with the schedule above."""
+    adamw = optax.adamw(
+        learning_rate=make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay
+    )
+    if cfg.grad_clip is None:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw)
+
+
+def split_micro_batches(batch: Any, num_micro: int) -> Any:
+    """Reshape every [B, ...] leaf to [num_micro, B // num_micro, ...]."""
+
+    def split(x: jax.Array) -> jax.Array:
+        if x.shape[0] % num_micro:
+            raise ValueError(f"batch size {x.shape[0]} is not divisible by {num_micro} micro-batches")
+        return x.reshape(num_micro, x.shape[0] // num_micro, *x.shape[1:])
+
+    return jax.tree.map(split, batch)
+
+
+def accumulate_gradients(
+    loss_fn: Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]],
+    params: Any,
+    batch: Any,
+    num_micro: int,
+) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+    """Sum loss, aux and gradients of `loss_fn(params, micro_batch)` over `num_micro` micro-batches.
+
+    `loss_fn` must already normalize by the global token count (losses' `num_tokens`), so the sum
+    over micro-batches equals the full-batch value. aux entries are averaged over micro-batches.
+    Runs as a `lax.scan`, so only one micro-batch's activations live at a time.
+    """
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if num_micro == 1:
+        (loss, aux), grads = grad_fn(params, batch)
+        return loss, aux, grads
+    micro = split_micro_batches(batch, num_micro)
+    first = jax.tree.map(lambda x: x[0], micro)
+    (_, aux_shape), _ = jax.eval_shape(grad_fn, params, first)
+    zeros_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    zeros_aux = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), aux_shape)
+
+    def body(carry, mb):
+        loss_sum, aux_sum, grad_sum = carry
+        (loss, aux), grads = grad_fn(params, mb)
+        grad_sum = jax.tree.map(lambda s, g: s + g.astype(jnp.float32), grad_sum, grads)
+        aux_sum = jax.tree.map(jnp.add, aux_sum, aux)
+        return (loss_sum + loss, aux_sum, grad_sum), None
+
+    (loss, aux_sum, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros_aux, zeros_grads), micro)
+    aux = jax.tree.map(lambda a: a / num_micro, aux_sum)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    chex.assert_trees_all_equal_shapes(grads, params)
+    return loss, aux, grads

@@ -1,0 +1,39 @@
+"""What every rollout engine (HTTP client, in-process sampler) takes and returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters, sent explicitly on every request (never taken from generation_config)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_new_tokens: int = 1024
+    stop_token_ids: tuple[int, ...] = ()
+
+    @property
+    def unbiased(self) -> bool:
+        """True when samples come from the model's full softmax at temperature 1."""
+        return self.temperature == 1.0 and self.top_p == 1.0 and self.top_k in (-1, 0) and self.min_p == 0.0
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion: the sampled ids exactly as generated, with their log-probs."""
+
+    output_ids: list[int]
+    logprobs: list[float]  # log p(output_ids[i] | prefix) under the rollout engine
+    finish_reason: Literal["stop", "length"]
+    prompt_logprobs: list[float] | None = None  # when asked for (logprob_start_len)
+
+
+class Engine(Protocol):
+    """Anything that turns token ids into a Generation (HTTP client or in-process sampler)."""
+
+    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation: ...

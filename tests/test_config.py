@@ -1,0 +1,76 @@
+"""Config files: validation, overrides, and one-line errors naming the file and the key."""
+
+from pathlib import Path
+
+import pytest
+
+from jaxswe.config import ConfigError, RunConfig, apply_overrides, dump_config, load_config
+
+CONFIGS = sorted(Path(__file__).resolve().parents[1].joinpath("configs").rglob("*.yaml"))
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_follow_the_paper():
+    cfg = RunConfig()
+    assert (cfg.optimizer.b1, cfg.optimizer.b2, cfg.optimizer.eps) == (0.9, 0.999, 1e-8)
+    assert cfg.optimizer.weight_decay == 0.1 and cfg.optimizer.grad_clip == 1.0
+    assert (cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.min_p) == (1.0, 1.0, -1, 0.0)
+    assert cfg.rl.turn_penalty_threshold == 10 and cfg.rl.group_size == 10
+
+
+def test_overrides_are_typed(tmp_path):
+    path = _write(tmp_path, "optimizer:\n  lr: 1.0e-6\n")
+    cfg = load_config(path, ["optimizer.lr=5e-6", "rl.eps_high=0.3", "env.backend=docker", "mesh.axes={fsdp: 8}"])
+    assert cfg.optimizer.lr == 5e-6 and cfg.rl.eps_high == 0.3
+    assert cfg.env.backend == "docker" and cfg.mesh.axes == {"fsdp": 8}
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "needle"),
+    [
+        ("optimizer:\n  lrr: 1\n", [], "optimizer.lrr: unknown key"),
+        ("optimizer:\n  lr: fast\n", [], "optimizer.lr:"),
+        ("rl:\n  group_size: 1\n", [], "rl.group_size:"),
+        ("{}\n", ["rl.nope=3"], "rl.nope: unknown key"),
+        ("{}\n", ["env.backend=podman"], "env.backend:"),
+        ("optimizer:\n  schedule: cosine\n", [], "total_steps"),
+        ("optimizer: [1\n", [], "invalid YAML"),
+        ("- 1\n", [], "top level must be a mapping"),
+        ("{}\n", ["noequals"], "expected section.key=value"),
+    ],
+)
+def test_errors_are_one_line_naming_file_and_key(tmp_path, text, overrides, needle):
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    message = str(info.value)
+    assert needle in message and "\n" not in message
+    if "expected" not in needle:
+        assert str(path) in message
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_apply_overrides_does_not_mutate():
+    base = {"rl": {"iterations": 3}}
+    out = apply_overrides(base, ["rl.iterations=5", "model.dtype=float32"])
+    assert base == {"rl": {"iterations": 3}} and out["rl"]["iterations"] == 5 and out["model"]["dtype"] == "float32"
+
+
+def test_dump_round_trips(tmp_path):
+    cfg = load_config(_write(tmp_path, "name: x\nrl:\n  iterations: 7\n"))
+    dump_config(cfg, tmp_path / "resolved.yaml")
+    assert load_config(tmp_path / "resolved.yaml") == cfg
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_every_shipped_config_validates(path):
+    load_config(path)

@@ -1,0 +1,3 @@
+from billsplit.split import split_evenly
+
+__all__ = ["split_evenly"]

@@ -1,0 +1,3 @@
+from branchname.title import strip_prefix, title
+
+__all__ = ["strip_prefix", "title"]

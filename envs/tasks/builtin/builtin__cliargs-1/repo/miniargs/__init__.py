@@ -1,0 +1,3 @@
+from miniargs.parser import ArgError, parse_args
+
+__all__ = ["ArgError", "parse_args"]

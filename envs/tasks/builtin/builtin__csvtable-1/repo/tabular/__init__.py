@@ -1,0 +1,3 @@
+from tabular.table import column, read_table
+
+__all__ = ["column", "read_table"]

@@ -1,0 +1,3 @@
+from calendarx.months import add_months
+
+__all__ = ["add_months"]

@@ -1,0 +1,3 @@
+from listutil.dedupe import dedupe
+
+__all__ = ["dedupe"]

@@ -1,0 +1,3 @@
+from depcheck.compare import newest, satisfies
+
+__all__ = ["newest", "satisfies"]

@@ -1,0 +1,3 @@
+from audit.log import EventLog
+
+__all__ = ["EventLog"]

@@ -1,0 +1,3 @@
+from minimat.ops import identity, matmul, shape, transpose
+
+__all__ = ["identity", "matmul", "shape", "transpose"]

@@ -1,0 +1,3 @@
+from pathutil.normalize import normalize
+
+__all__ = ["normalize"]

@@ -1,0 +1,3 @@
+from qsparse.parse import get_first, parse_qs
+
+__all__ = ["get_first", "parse_qs"]

@@ -1,0 +1,3 @@
+from semverlite.version import Version, parse
+
+__all__ = ["Version", "parse"]

@@ -1,0 +1,3 @@
+from calc.tokens import TokenError, tokenize
+
+__all__ = ["TokenError", "tokenize"]

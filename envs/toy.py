@@ -1,0 +1,107 @@
+"""A toy multi-turn environment for RL learning tests: find the hidden key.
+
+Each episode hides a key, an integer in `0..num_values-1`, drawn from the environment's own
+seeded RNG (so two `ToyEnv`s with the same seed present the same keys, episode after episode).
+The whole assistant reply, surrounding whitespace ignored, must be one action:
+
+- `look`: the observation reveals the key, e.g. `key 5`; the episode goes on.
+- `submit N`: the episode ends (ended_by "submitted"); reward 1.0 if N is the key, else 0.0.
+
+Anything else (including `submit N` with N out of range) is a format error: the observation says
+so and the episode goes on, but the `max_format_errors`-th one (2 by default) ends the episode
+(ended_by "error", reward 0). Looking first and submitting the seen key always wins, in two turns;
+submitting blind wins with probability 1/num_values. The turn limit belongs to the agent loop.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from envs.base import ENDED_ERROR, ENDED_SUBMITTED, Step
+from envs.errors import EnvError
+
+_ACTION = re.compile(r"look|submit (\d+)")
+
+SYSTEM_PROMPT = (
+    "You play a guessing game. A key is hidden. "
+    "Reply with exactly one action: look (to see the key) or submit N (to answer)."
+)
+
+
+class ToyEnv:
+    """The find-the-hidden-key game; implements `envs.base.Environment`."""
+
+    system_prompt = SYSTEM_PROMPT
+
+    def __init__(self, seed: int, num_values: int = 8, *, max_format_errors: int = 2):
+        if not 2 <= num_values <= 100:
+            raise EnvError(f"ToyEnv num_values must be in 2..100, got {num_values}")
+        if max_format_errors < 1:
+            raise EnvError(f"ToyEnv max_format_errors must be >= 1, got {max_format_errors}")
+        self.num_values = num_values
+        self.max_format_errors = max_format_errors
+        self._rng = random.Random(seed)
+        self._key: int | None = None
+        self._done = False
+        self._solved = False
+        self._format_errors = 0
+
+    def reset(self) -> str:
+        """Start a new episode with a freshly drawn key; returns the first user message."""
+        self._key = self._rng.randrange(self.num_values)
+        self._done = False
+        self._solved = False
+        self._format_errors = 0
+        return f"find the key. actions: look, submit N (N in 0-{self.num_values - 1})"
+
+    def step(self, action_text: str) -> Step:
+        if self._key is None:
+            raise EnvError("ToyEnv.step() called before reset()")
+        if self._done:
+            raise EnvError("ToyEnv.step() called after the episode ended; call reset()")
+        match = _ACTION.fullmatch(action_text.strip())
+        if match is None or (match[1] is not None and int(match[1]) >= self.num_values):
+            return self._format_error()
+        if match[1] is None:
+            return Step(observation=f"key {self._key}", info={"action": "look"})
+        self._done = True
+        self._solved = int(match[1]) == self._key
+        return Step(
+            observation="correct" if self._solved else "wrong",
+            done=True,
+            ended_by=ENDED_SUBMITTED,
+            info={"action": "submit"},
+        )
+
+    def _format_error(self) -> Step:
+        self._format_errors += 1
+        if self._format_errors >= self.max_format_errors:
+            self._done = True
+            return Step(
+                observation="error: too many invalid actions",
+                done=True,
+                format_error=True,
+                ended_by=ENDED_ERROR,
+                info={"action": None},
+            )
+        return Step(
+            observation=f"error: reply with look or submit N (N in 0-{self.num_values - 1})",
+            format_error=True,
+            info={"action": None},
+        )
+
+    def reward(self) -> float:
+        """1.0 once the right key was submitted in this episode, else 0.0."""
+        return 1.0 if self._solved else 0.0
+
+    def close(self) -> None:
+        self._done = True
+
+
+def make_toy_envs(n: int, seed: int, num_values: int = 8) -> list[ToyEnv]:
+    """`n` independent environments whose seeds are derived from `seed` (reproducible)."""
+    if n < 0:
+        raise EnvError(f"make_toy_envs needs n >= 0, got {n}")
+    rng = random.Random(seed)
+    return [ToyEnv(rng.getrandbits(63), num_values) for _ in range(n)]

@@ -14,7 +14,12 @@ import typer
 from jaxswe.errors import UserError
 
 # Modules that define `register(app: typer.Typer) -> None`.
-_COMMAND_MODULES: list[str] = []
+_COMMAND_MODULES: list[str] = [
+    "jaxswe.rollout.cli",
+    "jaxswe.tasks_cli",
+    "jaxswe.stages.cli",
+    "jaxswe.model.cli",
+]
 
 app = typer.Typer(
     name="jaxswe",
@@ -46,12 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script and `python -m jaxswe`."""
     build_app()
     try:
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)  # typer.Exit(n) comes back as n here
     except _user_error_types() as err:
         print(f"jaxswe: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    except typer.Exit as ex:
-        raise SystemExit(ex.exit_code) from None
     except typer.Abort:
         print("jaxswe: aborted", file=sys.stderr)
         raise SystemExit(130) from None
@@ -62,3 +65,5 @@ def main(argv: list[str] | None = None) -> None:
             err.show()
             raise SystemExit(err.exit_code) from None
         raise
+    if isinstance(code, int) and code:
+        raise SystemExit(code)

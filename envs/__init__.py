@@ -1,0 +1,43 @@
+"""Sandboxes (local, Docker), SWE tasks, grading, task validation and filters, toy environments.
+
+This package never imports `jaxswe`; importing it needs only the standard library (the `docker`
+SDK is imported when a Docker sandbox is used).
+"""
+
+from envs.backends import BACKENDS, open_sandbox
+from envs.base import ENDED_ERROR, ENDED_SUBMITTED, Environment, Step
+from envs.docker_sandbox import DockerSandbox, reap_containers
+from envs.errors import EnvError, SandboxError, TaskError
+from envs.grading import GradeResult, grade
+from envs.images import BASE_IMAGE, build_base_image, build_task_image
+from envs.local import LocalSandbox
+from envs.sandbox import ExecResult, Sandbox
+from envs.tasks import Task, load_tasks
+from envs.validate import Validation, filter_tasks, validate_task
+
+__all__ = [
+    "BACKENDS",
+    "BASE_IMAGE",
+    "ENDED_ERROR",
+    "ENDED_SUBMITTED",
+    "DockerSandbox",
+    "EnvError",
+    "Environment",
+    "ExecResult",
+    "GradeResult",
+    "LocalSandbox",
+    "Sandbox",
+    "SandboxError",
+    "Step",
+    "Task",
+    "TaskError",
+    "Validation",
+    "build_base_image",
+    "build_task_image",
+    "filter_tasks",
+    "grade",
+    "load_tasks",
+    "open_sandbox",
+    "reap_containers",
+    "validate_task",
+]

@@ -1,0 +1,36 @@
+"""`open_sandbox(task, backend)`: a fresh sandbox at the task's clean base state.
+
+local: a copy of the task's clean template repository (see envs.repos). docker: the task's image
+(its SWE image when the engine has it, cleaned of later history once and cached as a derived
+image; else the base image + the clean repository). In neither is there test_patch, the gold
+patch, the test lists or any commit, tag, remote or reflog entry after base_commit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from envs.errors import SandboxError
+
+if TYPE_CHECKING:
+    from envs.sandbox import Sandbox
+    from envs.tasks import Task
+
+BACKENDS = ("local", "docker")
+
+
+def open_sandbox(task: Task, backend: str = "local", **limits: Any) -> Sandbox:
+    """A new sandbox of `task` (limits: timeout, output_limit, and per backend e.g. pids_limit)."""
+    if backend == "local":
+        from envs.local import LocalSandbox
+        from envs.repos import clean_template
+
+        return LocalSandbox(clean_template(task), **limits)
+    if backend == "docker":
+        from envs.docker_sandbox import DockerSandbox, _client
+        from envs.images import task_image
+
+        client = _client(limits.pop("client", None))
+        image, shell_init = task_image(task, client=client)
+        return DockerSandbox(image, shell_init=shell_init, client=client, **limits)
+    raise SandboxError(f"unknown sandbox backend {backend!r} (choose from {', '.join(BACKENDS)})")

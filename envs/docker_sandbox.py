@@ -1,0 +1,295 @@
+"""DockerSandbox: one container per episode from the task's image, removed on every exit path.
+
+The container runs `sleep infinity` under the engine's init, with no network and memory, CPU and
+pids limits, labelled with its owner (host, pid, process start time) and run. Each command is
+`timeout -s KILL <t> bash -c <command>` through `docker exec`: on timeout `timeout` kills the
+command's whole process group inside the container, then every process still carrying the
+command's environment marker (nohup, setsid) is killed too. `reap_containers()` (run once per
+process before the first container starts) removes labelled containers whose owner died.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import itertools
+import os
+import posixpath
+import socket
+import tarfile
+import threading
+import time
+import uuid
+import weakref
+
+from envs.errors import SandboxError
+from envs.images import TESTBED
+from envs.sandbox import (
+    COMMAND_ENV,
+    COMMAND_MARKER,
+    DEFAULT_OUTPUT_LIMIT,
+    DEFAULT_TIMEOUT_S,
+    SANDBOX_MARKER,
+    TIMEOUT_EXIT_CODE,
+    ExecResult,
+    OutputBuffer,
+    resolve_timeout,
+)
+
+LABEL = "jaxswe.sandbox"
+_WATCHDOG_GRACE_S = 0.1  # the client kills marked processes this long after the deadline
+# Kill every process whose environment holds the entry $1 (run inside the container).
+_KILL_MARKED = (
+    "for r in 1 2 3 4 5; do found=; for d in /proc/[0-9]*; do "
+    'if tr "\\0" "\\n" < "$d/environ" 2>/dev/null | grep -qxF "$1"; then kill -9 "${d#/proc/}" 2>/dev/null; found=1; fi; '  # noqa: E501
+    'done; [ -z "$found" ] && break; done'
+)
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_reaped = False
+_reap_lock = threading.Lock()
+
+
+def _start_time(pid: int) -> str:
+    """A process's start time in clock ticks since boot ('' if it does not exist)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+def _client(client=None):
+    if client is not None:
+        return client
+    import docker
+
+    try:
+        return docker.from_env()
+    except docker.errors.DockerException as err:
+        host = os.environ.get("DOCKER_HOST", "the default socket")
+        raise SandboxError(f"no Docker engine reachable at {host}: {err}") from None
+
+
+def engine_available() -> bool:
+    """Whether a Docker engine answers at DOCKER_HOST (or the default socket)."""
+    try:
+        _client().ping()
+        return True
+    except Exception:
+        return False
+
+
+def reap_containers(client=None) -> list[str]:
+    """Remove this host's labelled sandbox containers whose owner process is gone; their names."""
+    client = _client(client)
+    host = socket.gethostname()
+    removed = []
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
+        labels = container.labels
+        if labels.get("jaxswe.owner_host") != host:
+            continue
+        pid = int(labels.get("jaxswe.owner_pid", "0") or 0)
+        if pid and _start_time(pid) == labels.get("jaxswe.owner_start"):
+            continue  # its owner is alive
+        try:
+            container.remove(force=True)
+            removed.append(container.name)
+        except Exception:  # already gone (another reaper)
+            pass
+    return removed
+
+
+def _reap_once(client) -> None:
+    global _reaped
+    with _reap_lock:
+        if not _reaped:
+            reap_containers(client)
+            _reaped = True
+
+
+class DockerSandbox:
+    """A container of `image` with the repository at `workdir` (see the module docstring)."""
+
+    def __init__(
+        self,
+        image: str,
+        *,
+        workdir: str = TESTBED,
+        shell_init: str = "",
+        timeout: float = DEFAULT_TIMEOUT_S,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+        mem_limit: str = "2g",
+        cpus: float = 1.0,
+        pids_limit: int = 512,
+        run: str = "",
+        env: dict[str, str] | None = None,
+        client=None,
+    ):
+        import docker
+
+        self.client = _client(client)
+        self.api = self.client.api
+        self.workdir = workdir
+        self.shell_init = shell_init
+        self.timeout = resolve_timeout(timeout, DEFAULT_TIMEOUT_S)
+        self.output_limit = output_limit
+        self.id = uuid.uuid4().hex
+        self._counter = itertools.count()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._env = {**COMMAND_ENV, SANDBOX_MARKER: self.id, **(env or {})}
+        _reap_once(self.client)
+        labels = {
+            LABEL: "1",
+            "jaxswe.owner_host": socket.gethostname(),
+            "jaxswe.owner_pid": str(os.getpid()),
+            "jaxswe.owner_start": _start_time(os.getpid()),
+            "jaxswe.run": run,
+        }
+        try:
+            self.container = self.client.containers.create(
+                image,
+                command=["sleep", "infinity"],
+                name=f"jaxswe-{self.id[:16]}",
+                init=True,
+                network_mode="none",
+                mem_limit=mem_limit,
+                memswap_limit=mem_limit,
+                nano_cpus=int(cpus * 1e9),
+                pids_limit=pids_limit,
+                labels=labels,
+                working_dir=workdir,
+                environment={SANDBOX_MARKER: self.id},
+            )
+        except docker.errors.ImageNotFound:
+            raise SandboxError(f"image {image} is not on the Docker engine") from None
+        except docker.errors.APIError as err:
+            raise SandboxError(f"cannot create a container of {image}: {err.explanation or err}") from None
+        try:
+            self.container.start()
+        except BaseException:
+            self.container.remove(force=True)
+            raise
+        _LIVE.add(self)
+
+    # -- commands -------------------------------------------------------------------------------
+    def _exec_raw(self, argv: list[str], env: dict[str, str] | None = None):
+        exec_id = self.api.exec_create(
+            self.container.id, argv, stdout=True, stderr=True, stdin=False, tty=False,
+            environment=env or self._env, workdir=self.workdir,
+        )["Id"]  # fmt: skip
+        return exec_id, self.api.exec_start(exec_id, stream=True, demux=False)
+
+    def _kill_marked(self, entry: str) -> None:
+        try:
+            _, stream = self._exec_raw(["sh", "-c", _KILL_MARKED, "kill", entry])
+            for _ in stream:
+                pass
+        except Exception:  # the container is gone or out of pids; close() removes it anyway
+            pass
+
+    def exec(self, command: str, timeout: float | None = None) -> ExecResult:
+        """Run `command` with `bash -c` in the repository inside the container."""
+        if self._closed:
+            raise SandboxError("exec on a closed sandbox")
+        limit = resolve_timeout(timeout, self.timeout)
+        marker_value = f"{self.id}.{next(self._counter)}"
+        marker = f"{COMMAND_MARKER}={marker_value}"
+        script = f"{self.shell_init}\n{command}" if self.shell_init else command
+        argv = ["timeout", "-s", "KILL", f"{limit:.3f}s", "bash", "-c", script]
+        buf = OutputBuffer(self.output_limit)
+        fired = threading.Event()
+
+        def watchdog() -> None:  # also kills what left the group (setsid) and holds the output open
+            fired.set()
+            self._kill_marked(marker)
+
+        start = time.monotonic()
+        try:
+            exec_id, stream = self._exec_raw(argv, {**self._env, COMMAND_MARKER: marker_value})
+        except Exception as err:
+            raise SandboxError(f"docker exec failed: {err}") from None
+        timer = threading.Timer(limit + _WATCHDOG_GRACE_S, watchdog)
+        timer.daemon = True
+        timer.start()
+        try:
+            for chunk in stream:
+                buf.add(chunk)
+        finally:
+            timer.cancel()
+            timer.join()
+        code = self.api.exec_inspect(exec_id).get("ExitCode")
+        elapsed = time.monotonic() - start
+        timed_out = fired.is_set() or (code == 137 and elapsed >= limit - 0.05)
+        if timed_out:
+            if not fired.is_set():  # `timeout` killed the group; kill what left it (setsid, nohup)
+                self._kill_marked(marker)
+            code = TIMEOUT_EXIT_CODE
+        return ExecResult(output=buf.text(), exit_code=-1 if code is None else code, timed_out=timed_out)
+
+    # -- files ----------------------------------------------------------------------------------
+    def _abs(self, path: str) -> str:
+        return path if path.startswith("/") else posixpath.join(self.workdir, path)
+
+    def read_file(self, path: str) -> str:
+        """Text of a file in the container (relative paths: under the repository)."""
+        import docker
+
+        try:
+            chunks, _ = self.api.get_archive(self.container.id, self._abs(path))
+        except docker.errors.NotFound:
+            raise SandboxError(f"cannot read {path}: no such file") from None
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            member = tar.next()
+            f = tar.extractfile(member) if member is not None else None
+            if f is None:
+                raise SandboxError(f"cannot read {path}: not a regular file")
+            return f.read().decode("utf-8", errors="replace")
+
+    def write_file(self, path: str, content: str) -> None:
+        """Write a text file, creating parent directories (relative paths: under the repository)."""
+        target = self._abs(path)
+        parent, name = posixpath.split(target)
+        made = self.exec(f"mkdir -p '{parent}'", timeout=30)
+        if made.exit_code != 0:
+            raise SandboxError(f"cannot write {path}: {made.output.strip()}")
+        data = content.encode()
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+        if not self.api.put_archive(self.container.id, parent, buf.getvalue()):
+            raise SandboxError(f"cannot write {path}")
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Remove the container and everything in it (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self.container.remove(force=True)
+        except Exception as err:
+            if "No such container" not in str(err) and "already in progress" not in str(err):
+                raise SandboxError(f"cannot remove container {self.container.name}: {err}") from None
+        _LIVE.discard(self)
+
+    def __enter__(self) -> DockerSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
+
+
+@atexit.register
+def _close_all() -> None:
+    for sandbox in list(_LIVE):
+        with contextlib.suppress(Exception):
+            sandbox.close()

@@ -1,0 +1,247 @@
+"""Docker images without a registry: a Debian base built with debootstrap, per-task images on it.
+
+The base image is built locally (`debootstrap --variant=minbase`, then `docker import` of the root
+file system) from the Debian mirror apt is configured with on this machine, and cached by tag.
+A task image is the base plus the task's clean repository at `/testbed`. SWE-bench / SWE-rebench
+images (`sweb.eval.x86_64.<id>`) are used as they are when the engine already has them.
+
+    python -m envs base [--tag T] [--force]      build (or keep) the base image
+    python -m envs task FILE [--force]           build the task images of a task file
+
+This module uses only the `docker` command line for the base image, so `.ci/docker.sh` can run it
+with the system Python before any virtual environment exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from envs.errors import SandboxError
+
+if TYPE_CHECKING:
+    from envs.tasks import Task
+
+BASE_IMAGE = "jaxswe/base:bookworm"
+BASE_PACKAGES = ("python3", "python-is-python3", "python3-pytest", "git", "procps", "coreutils", "patch")
+TESTBED = "/testbed"
+# SWE-bench / SWE-rebench images keep their tools in a conda env.
+SWE_SHELL_INIT = "source /opt/miniconda3/bin/activate && conda activate testbed"
+_SWE_IMAGE_RE = re.compile(r"(^|/)(sweb\.eval\.|swe-?rebench)", re.IGNORECASE)
+
+
+def is_swe_image(name: str) -> bool:
+    """True for SWE-bench / SWE-rebench style image names (repo at /testbed, tools in conda)."""
+    return bool(_SWE_IMAGE_RE.search(name))
+
+
+def apt_mirror(apt_dir: str | Path = "/etc/apt") -> tuple[str, str]:
+    """(mirror URI, suite) of the first main Debian source apt is configured with."""
+    apt_dir = Path(apt_dir)
+    files = [apt_dir / "sources.list", *sorted((apt_dir / "sources.list.d").glob("*"))]
+    for path in files:
+        if not path.is_file() or not path.name.endswith((".list", ".sources")):
+            continue
+        text = path.read_text(errors="replace")
+        if path.name.endswith(".sources"):  # deb822 stanzas
+            for stanza in re.split(r"\n\s*\n", text):
+                fields = dict(
+                    (k.strip().lower(), v.strip())
+                    for k, _, v in (ln.partition(":") for ln in stanza.splitlines() if not ln.startswith("#"))
+                    if v
+                )
+                uris, suites = fields.get("uris", "").split(), fields.get("suites", "").split()
+                if "deb" in fields.get("types", "").split() and uris and suites and "security" not in uris[0]:
+                    return uris[0], suites[0]
+        else:
+            for line in text.splitlines():
+                parts = line.split("#", 1)[0].split()
+                if len(parts) >= 3 and parts[0] == "deb":
+                    rest = [p for p in parts[1:] if not p.startswith("[")]
+                    if len(rest) >= 2 and "security" not in rest[0]:
+                        return rest[0], rest[1]
+    raise SandboxError(f"no Debian mirror found in {apt_dir}/sources.list*; pass mirror= explicitly")
+
+
+def _docker(*args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
+    if shutil.which("docker") is None:
+        raise SandboxError("the `docker` command line is not installed")
+    return subprocess.run(["docker", *args], input=input, capture_output=True)
+
+
+def image_exists(tag: str) -> bool:
+    """Whether the engine (DOCKER_HOST) has an image with this tag."""
+    return _docker("image", "inspect", tag).returncode == 0
+
+
+def build_base_image(
+    tag: str = BASE_IMAGE, *, mirror: str | None = None, suite: str | None = None, force: bool = False
+) -> str:
+    """Build the Debian base image with debootstrap + `docker import`; skip when `tag` exists."""
+    if not force and image_exists(tag):
+        print(f"base image {tag} exists", file=sys.stderr)
+        return tag
+    if shutil.which("debootstrap") is None:
+        raise SandboxError("debootstrap is not installed (apt-get install debootstrap)")
+    default_mirror, default_suite = apt_mirror()
+    mirror, suite = mirror or default_mirror, suite or default_suite
+    with tempfile.TemporaryDirectory(prefix="jaxswe-rootfs-") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", suite, str(rootfs)]
+        print(f"debootstrap {suite} from {mirror} (a few minutes)", file=sys.stderr)
+        done = subprocess.run([*cmd, mirror], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SandboxError(f"debootstrap failed ({done.returncode}): {done.stderr[-2000:]}")
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            shutil.rmtree(rootfs / junk, ignore_errors=True)
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        imported = subprocess.run(
+            ["docker", "import", "--change", 'CMD ["bash"]', "--change", "ENV LANG=C.UTF-8", "-", tag],
+            stdin=tar.stdout,
+            capture_output=True,
+            text=True,
+        )
+        tar.wait()
+        if imported.returncode != 0 or tar.returncode != 0:
+            raise SandboxError(f"docker import of the base rootfs failed: {imported.stderr[-2000:]}")
+    print(f"built base image {tag}", file=sys.stderr)
+    return tag
+
+
+def task_image_name(task: Task) -> str:
+    """The local image tag of a task built on the base image."""
+    name = re.sub(r"[^a-z0-9_.-]+", "-", task.instance_id.lower()).strip("-.")[:100]
+    return f"jaxswe/task:{name}-{task.base_commit[:12]}"
+
+
+def _repo_tar(repo_dir: Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(str(repo_dir), arcname=TESTBED.strip("/"))
+    return buf.getvalue()
+
+
+def build_task_image(task: Task, *, client=None, base: str = BASE_IMAGE, force: bool = False) -> str:
+    """Commit `base` + the task's clean repository at /testbed as the task's image (cached by tag)."""
+    import docker
+
+    from envs.repos import clean_template
+
+    client = client or docker.from_env()
+    try:
+        base_id = client.images.get(base).id.removeprefix("sha256:")[:12]
+    except docker.errors.ImageNotFound:
+        raise SandboxError(f"base image {base} is missing; build it with `python -m envs base`") from None
+    tag = f"{task_image_name(task)}-{base_id}"  # a rebuilt base gives new task images
+    if not force:
+        try:
+            client.images.get(tag)
+            return tag
+        except docker.errors.ImageNotFound:
+            pass
+    data = _repo_tar(clean_template(task))
+    container = client.containers.create(
+        base, command=["true"], network_mode="none", labels={"jaxswe.build": "1"}
+    )
+    try:
+        container.put_archive("/", data)
+        repository, _, version = tag.partition(":")
+        container.commit(repository=repository, tag=version, conf={"WorkingDir": TESTBED, "Cmd": ["bash"]})
+    finally:
+        container.remove(force=True)
+    return tag
+
+
+# Run once in a SWE image: drop everything in /testbed's git after base_commit ($1).
+_CLEAN_HISTORY = r"""
+set -e
+cd /testbed
+git rev-parse -q --verify "$1^{commit}" >/dev/null || { echo "base_commit $1 is not in /testbed"; exit 3; }
+[ "$(git rev-parse HEAD)" = "$1" ] || git -c advice.detachedHead=false checkout -q "$1"
+branch=$(git symbolic-ref -q --short HEAD || true)
+git remote | xargs -r -n1 git remote remove
+git for-each-ref --format='%(refname)' | while read -r ref; do
+  [ "$ref" = "refs/heads/$branch" ] || git update-ref -d "$ref"
+done
+rm -f .git/FETCH_HEAD .git/ORIG_HEAD
+git reflog expire --expire=now --all
+git gc -q --prune=now
+"""
+
+
+def clean_swe_image(task: Task, *, client=None) -> str:
+    """A derived image of the task's SWE image with /testbed's history cut at base_commit (cached)."""
+    import docker
+
+    client = client or docker.from_env()
+    tag = task_image_name(task).replace("jaxswe/task:", "jaxswe/clean:", 1)
+    try:
+        client.images.get(tag)
+        return tag
+    except docker.errors.ImageNotFound:
+        pass
+    container = client.containers.create(
+        task.image, command=["bash", "-c", _CLEAN_HISTORY, "clean", task.base_commit],
+        network_mode="none", labels={"jaxswe.build": "1"},
+    )  # fmt: skip
+    try:
+        container.start()
+        status = container.wait(timeout=1800)
+        if status.get("StatusCode") != 0:
+            logs = container.logs().decode(errors="replace")[-1000:]
+            raise SandboxError(f"task {task.instance_id}: cleaning {task.image} failed: {logs}")
+        repository, _, version = tag.partition(":")
+        container.commit(repository=repository, tag=version, conf={"WorkingDir": TESTBED, "Cmd": ["bash"]})
+    finally:
+        container.remove(force=True)
+    return tag
+
+
+def task_image(task: Task, *, client=None, base: str = BASE_IMAGE) -> tuple[str, str]:
+    """(image, shell init) of a task: its SWE image (history cleaned) when the engine has it, else
+    the base image + the clean repository."""
+    import docker
+
+    client = client or docker.from_env()
+    if task.image:
+        try:
+            client.images.get(task.image)
+        except docker.errors.ImageNotFound:
+            if task.source_dir is None and task.repos_dir_clone() is None:
+                raise SandboxError(
+                    f"task {task.instance_id}: image {task.image} is not on the engine and there is no "
+                    f"local repository to build one from (looked in {task.repos_dir_clone(missing_ok=True)})"
+                ) from None
+        else:
+            return clean_swe_image(task, client=client), SWE_SHELL_INIT if is_swe_image(task.image) else ""
+    return build_task_image(task, client=client, base=base), ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m envs", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    base = sub.add_parser("base", help="build the Debian base image (cached by tag)")
+    base.add_argument("--tag", default=BASE_IMAGE)
+    base.add_argument("--mirror")
+    base.add_argument("--suite")
+    base.add_argument("--force", action="store_true")
+    task = sub.add_parser("task", help="build the task images of a task file (or `builtin`)")
+    task.add_argument("file")
+    task.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    if args.what == "base":
+        print(build_base_image(args.tag, mirror=args.mirror, suite=args.suite, force=args.force))
+    else:
+        from envs.tasks import load_tasks
+
+        for t in load_tasks(args.file):
+            print(build_task_image(t, force=args.force))
+    return 0

@@ -1,0 +1,115 @@
+"""Task checks: the gold patch resolves (N times, the same way), the empty patch does not; and the
+paper's filters (<= 7 files and < 500 lines changed, not flaky, failing tests that do not fail
+with ImportError/AttributeError)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from envs.errors import EnvError
+from envs.grading import GradeResult, grade
+from envs.patches import changed_lines, patch_files
+from envs.tasks import Task
+
+_NAME_ERROR_RE = re.compile(r"\b(ImportError|ModuleNotFoundError|AttributeError)\b")
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The outcome of `validate_task`; `ok` when gold resolves every run, empty fails, not flaky."""
+
+    instance_id: str
+    ok: bool
+    reason: str
+    gold_resolved: tuple[bool, ...]
+    empty_resolved: bool
+    flaky: bool
+    flaky_tests: tuple[str, ...]
+    import_or_attribute_error: bool  # a test fails with ImportError/AttributeError before the fix
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _name_error(result: GradeResult) -> bool:
+    return any(_NAME_ERROR_RE.search(m) for m in result.messages.values())
+
+
+def validate_task(task: Task, *, runs: int = 1, backend: str = "local", **limits: Any) -> Validation:
+    """Grade the gold patch `runs` times and the empty patch once, each in a fresh sandbox."""
+    if runs < 1:
+        raise EnvError(f"runs must be >= 1, got {runs}")
+    start = time.monotonic()
+    try:
+        golds = [grade(task, task.patch, backend, **limits) for _ in range(runs)]
+        empty = grade(task, "", backend, **limits)
+    except EnvError as err:
+        return Validation(task.instance_id, False, f"error: {err}", (), False, False, (), False,
+                          time.monotonic() - start)  # fmt: skip
+    graded = [*task.fail_to_pass, *task.pass_to_pass]
+    flaky_tests = tuple(t for t in graded if len({g.tests.get(t) for g in golds}) > 1)
+    flaky = bool(flaky_tests) or len({g.resolved for g in golds}) > 1
+    if any(g.error for g in golds) or empty.error:
+        reason = next(g.reason for g in [*golds, empty] if g.error)
+    elif flaky:
+        reason = f"flaky over {runs} runs: {', '.join(flaky_tests) or 'resolved differs'}"
+    elif not all(g.resolved for g in golds):
+        reason = f"gold patch does not resolve: {golds[0].reason}"
+    elif empty.resolved:
+        reason = "empty patch resolves"
+    else:
+        reason = ""
+    return Validation(
+        task.instance_id, not reason, reason or "ok", tuple(g.resolved for g in golds), empty.resolved, flaky,
+        flaky_tests, _name_error(empty), time.monotonic() - start,
+    )  # fmt: skip
+
+
+def static_reject(task: Task, *, max_files: int = 7, max_lines: int = 500) -> str:
+    """Why the gold patch is too big for the paper's filter ('' when it is not)."""
+    files, lines = len(patch_files(task.patch)), changed_lines(task.patch)
+    if files > max_files:
+        return f"gold patch changes {files} files (> {max_files})"
+    if lines >= max_lines:
+        return f"gold patch changes {lines} lines (>= {max_lines})"
+    return ""
+
+
+def filter_tasks(
+    tasks: Iterable[Task], *, backend: str = "local", runs: int = 1, max_files: int = 7, max_lines: int = 500,
+    run_tests: bool = True, workers: int = 1, **limits: Any,
+) -> tuple[list[Task], dict[str, str]]:  # fmt: skip
+    """(kept tasks, {instance_id: why dropped}) under the paper's filters; with `run_tests`, each
+    task that passes the size filter is validated (flaky, broken and ImportError/AttributeError
+    tasks are dropped)."""
+    tasks = list(tasks)
+    dropped = {
+        t.instance_id: why
+        for t in tasks
+        if (why := static_reject(t, max_files=max_files, max_lines=max_lines))
+    }
+    candidates = [t for t in tasks if t.instance_id not in dropped]
+    if run_tests:
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            checks = list(
+                pool.map(lambda t: validate_task(t, runs=runs, backend=backend, **limits), candidates)
+            )
+        for t, v in zip(candidates, checks, strict=True):
+            if not v.ok:
+                dropped[t.instance_id] = v.reason
+            elif v.import_or_attribute_error:
+                dropped[t.instance_id] = "failing tests fail with ImportError/AttributeError before the fix"
+    return [t for t in tasks if t.instance_id not in dropped], dropped
+
+
+def validate_many(tasks: Iterable[Task], *, runs: int = 1, backend: str = "local", workers: int = 1,
+                  **limits: Any) -> Iterable[Validation]:  # fmt: skip
+    """validate_task over many tasks with `workers` threads, yielding results in task order."""
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        yield from pool.map(lambda t: validate_task(t, runs=runs, backend=backend, **limits), tasks)

@@ -1,0 +1,5 @@
+from calc import sub
+
+
+def test_sub():
+    assert sub(5, 3) == 2

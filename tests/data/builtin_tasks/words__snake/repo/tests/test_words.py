@@ -1,0 +1,5 @@
+import words
+
+
+def test_shout():
+    assert words.shout('hi') == 'HI!'

@@ -1,0 +1,6 @@
+"""The agent scaffold and loop.
+
+commands (reply -> one command), scaffold (commands over a sandbox), prompts (YAML texts),
+swe_env (SWEEnv: a SWE task as an Environment), trajectory (token-exact Trajectory, ChatFormat,
+JSONL), loop (run_episode / run_episodes), demos (gold patch -> scaffold commands).
+"""

@@ -1,0 +1,149 @@
+"""A SWE task as an `envs.base.Environment`: scaffold commands in a sandbox, graded on submit.
+
+`reset()` opens the task's sandbox and returns the instance message; `step(reply)` parses one
+reply and runs its command; `submit` takes the patch (`git add -A` + `git diff --cached` against
+the starting HEAD), closes the sandbox and ends the episode; `reward()` grades the patch in a
+FRESH sandbox (1.0 if resolved). The sandbox is closed on every path, exceptions included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from envs.base import ENDED_SUBMITTED, Step
+from jaxswe.agent.commands import Command, FormatError, parse_action
+from jaxswe.agent.prompts import Prompts, load_prompts, render
+from jaxswe.agent.scaffold import SandboxLike, Scaffold
+
+
+class SWEEnv:
+    """One episode on one task. Not reusable: make a new SWEEnv per episode."""
+
+    def __init__(
+        self,
+        task: Any,
+        *,
+        backend: str = "local",
+        sandbox_factory: Callable[[Any], SandboxLike] | None = None,
+        grader: Callable[[Any, str], Any] | None = None,
+        prompts: Prompts | str = "default",
+        window_lines: int = 100,
+        command_timeout_s: float = 60.0,
+        output_limit_chars: int = 8000,
+        demonstration: bool = False,
+        sandbox_limits: dict[str, Any] | None = None,
+    ) -> None:
+        self.task = task
+        self.backend = backend
+        limits = dict(sandbox_limits or {})
+        self._open = sandbox_factory or (
+            lambda t: _envs().open_sandbox(t, backend, timeout=command_timeout_s, **limits)
+        )
+        self._grade = grader or (lambda t, patch: _envs().grade(t, patch, backend, **limits))
+        self.prompts = prompts if isinstance(prompts, Prompts) else load_prompts(prompts)
+        self.window_lines = window_lines
+        self.command_timeout_s = command_timeout_s
+        self.output_limit_chars = output_limit_chars
+        self.demonstration = demonstration
+        self.system_prompt = render(self.prompts.system, window_lines=window_lines)
+        self.sandbox: SandboxLike | None = None
+        self.scaffold: Scaffold | None = None
+        self.patch: str | None = None
+        self.grade_result: Any = None
+        self._base_commit: str | None = None
+        self._reward: float | None = None
+
+    @classmethod
+    def from_config(cls, task: Any, config: Any, **overrides: Any) -> SWEEnv:
+        """Build from a RunConfig's `env` and `agent` sections."""
+        kwargs = {
+            "backend": config.env.backend,
+            "prompts": config.agent.prompts,
+            "window_lines": config.agent.window_lines,
+            "command_timeout_s": config.env.command_timeout_s,
+            "output_limit_chars": config.env.output_limit_chars,
+            "demonstration": config.agent.demonstration,
+        }
+        if config.env.backend == "docker":
+            kwargs["sandbox_limits"] = {
+                "mem_limit": config.env.memory_limit,
+                "cpus": config.env.cpu_limit,
+                "pids_limit": config.env.pids_limit,
+            }
+        kwargs.update(overrides)
+        return cls(task, **kwargs)
+
+    @property
+    def task_id(self) -> str:
+        return self.task.instance_id
+
+    # ------------------------------------------------------------------ Environment
+    def reset(self) -> str:
+        if self.sandbox is not None or self.patch is not None:
+            raise RuntimeError("SWEEnv is single-use; make a new one per episode")
+        self.sandbox = self._open(self.task)
+        try:
+            self.scaffold = Scaffold(
+                self.sandbox,
+                self.prompts,
+                window_lines=self.window_lines,
+                command_timeout_s=self.command_timeout_s,
+                output_limit_chars=self.output_limit_chars,
+            )
+            self._base_commit = self.scaffold.head_commit()
+        except BaseException:
+            self.close()
+            raise
+        return render(
+            self.prompts.instance,
+            problem_statement=self.task.problem_statement.strip(),
+            workdir=self.sandbox.workdir,
+            demonstration=self.prompts.demonstration if self.demonstration else "",
+        )
+
+    def step(self, action_text: str) -> Step:
+        if self.scaffold is None or self.sandbox is None:
+            raise RuntimeError("step() before reset() or after the episode ended")
+        action = parse_action(action_text)
+        if isinstance(action, FormatError):
+            return Step(
+                self.scaffold.format_error(action), format_error=True, info={"format_error": action.kind}
+            )
+        try:
+            if isinstance(action, Command) and action.name == "submit":
+                self.patch = self.scaffold.diff_patch(self._base_commit)
+                self.close()
+                return Step("", done=True, ended_by=ENDED_SUBMITTED, info={"patch": self.patch})
+            kind = action.name if isinstance(action, Command) else "usage_error"
+            return Step(self.scaffold.run(action), info={"command": kind})
+        except BaseException:
+            self.close()
+            raise
+
+    def reward(self) -> float:
+        """1.0 if the submitted patch resolves the task (graded once, in a fresh sandbox), else 0.0."""
+        if self.patch is None:
+            return 0.0
+        if self._reward is None:
+            self.grade_result = self._grade(self.task, self.patch)
+            resolved = getattr(self.grade_result, "resolved", self.grade_result)
+            self._reward = 1.0 if resolved else 0.0
+        return self._reward
+
+    def close(self) -> None:
+        sandbox, self.sandbox, self.scaffold = self.sandbox, None, None
+        if sandbox is not None:
+            sandbox.close()
+
+    def __enter__(self) -> SWEEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _envs() -> Any:
+    import envs
+
+    return envs

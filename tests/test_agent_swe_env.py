@@ -1,0 +1,146 @@
+"""SWEEnv on the built-in tasks (local backend): scripted policies through the token-exact loop."""
+
+import asyncio
+import os
+
+import pytest
+
+import envs
+from envs import SandboxError, load_tasks
+from jaxswe.agent.demos import command_reply, gold_patch_to_commands
+from jaxswe.agent.loop import run_episodes
+from jaxswe.agent.swe_env import SWEEnv
+from jaxswe.config import RunConfig
+from jaxswe.rollout.types import Generation, SamplingParams
+from jaxswe.tokenizer import build_tokenizer
+
+TASKS = load_tasks("builtin")
+SAMPLING = SamplingParams(max_new_tokens=2048)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    corpus = [t.problem_statement for t in TASKS] + [t.patch for t in TASKS]
+    return build_tokenizer(corpus, 1000)
+
+
+class ScriptRouter:
+    """Test double for the model: each episode (found by its problem statement) replays its own script."""
+
+    def __init__(self, tok, scripts):
+        self.tok, self.scripts = tok, scripts  # {problem_statement: [reply, ...]}
+        self.turn = dict.fromkeys(scripts, 0)
+        self.eot = tok.convert_tokens_to_ids("<|im_end|>")
+
+    async def generate(self, input_ids, params):
+        text = self.tok.decode(input_ids)
+        key = next(k for k in self.scripts if k in text)
+        reply = self.scripts[key][self.turn[key]]
+        self.turn[key] += 1
+        ids = self.tok.encode(reply, add_special_tokens=False) + [self.eot]
+        return Generation(ids, [-0.5] * len(ids), "stop")
+
+
+def play(tok, tasks, scripts, concurrency=2):
+    router = ScriptRouter(tok, {t.problem_statement.strip(): s for t, s in zip(tasks, scripts, strict=True)})
+    episodes = [SWEEnv(t, backend="local", window_lines=20, command_timeout_s=60) for t in tasks]
+    return asyncio.run(
+        run_episodes(
+            episodes,
+            router,
+            tok,
+            sampling=SAMPLING,
+            max_turns=12,
+            max_context_tokens=16384,
+            concurrency=concurrency,
+        )
+    )
+
+
+SUBMIT = command_reply("submit", "I am done.")
+
+
+@pytest.mark.slow  # grades every built-in task (~1-2 s each)
+def test_gold_patch_commands_resolve_every_builtin_task(tok):
+    scripts = [
+        [command_reply(c, "Apply the fix.") for c in gold_patch_to_commands(t.patch)] + [SUBMIT]
+        for t in TASKS
+    ]
+    trajs = play(tok, TASKS, scripts)
+    for task, traj in zip(TASKS, trajs, strict=True):
+        assert (traj.ended_by, traj.reward, traj.infra_error) == ("submitted", 1.0, None), task.instance_id
+        assert traj.patch == task.patch and traj.metadata["task_id"] == task.instance_id
+        assert not any(traj.format_errors)
+        traj.check()
+
+
+@pytest.mark.slow  # grades every built-in task (~1-2 s each)
+def test_submitting_nothing_resolves_no_builtin_task(tok):
+    look = command_reply("ls && git status --short", "Let me look around first.")
+    trajs = play(tok, TASKS, [[look, SUBMIT]] * len(TASKS))
+    for task, traj in zip(TASKS, trajs, strict=True):
+        assert (traj.ended_by, traj.reward, traj.patch) == ("submitted", 0.0, ""), task.instance_id
+
+
+def test_reset_format_error_step_submit_and_grading(monkeypatch):
+    task = TASKS[0]
+    grades = []
+    real_grade = envs.grade
+    monkeypatch.setattr(envs, "grade", lambda *a, **k: grades.append(a) or real_grade(*a, **k))
+    env = SWEEnv(task, backend="local", window_lines=7, demonstration=True)
+    assert "7 lines" in env.system_prompt
+    first = env.reset()
+    workdir = env.sandbox.workdir
+    assert task.problem_statement.strip() in first and "<demonstration>" in first
+    assert first.endswith(f"(Current directory: {workdir}, current file: n/a) bash-$")
+    step = env.step("I will do two things.\n```\nls\n```\n```\npwd\n```")
+    assert step.format_error and not step.done and "2 fenced blocks" in step.observation
+    step = env.step("Done?\n```\nsubmit now\n```")  # a usage error, not a submit
+    assert not step.done and not step.format_error and "submit takes no arguments" in step.observation
+    step = env.step("No command at all.")
+    assert step.format_error and step.info["format_error"] == "no_command"
+    step = env.step("List.\n```bash\ncd tests && ls\n```")
+    assert not step.format_error and step.observation.endswith(
+        f"(Current directory: {workdir}/tests, current file: n/a) bash-$"
+    )
+    step = env.step("Add a note.\n```\ncreate ../NOTES.txt\nhello\n```")
+    assert "NOTES.txt (1 lines total)" in step.observation
+    step = env.step("```\nsubmit\n```")
+    assert step.done and step.ended_by == "submitted" and "+hello" in step.info["patch"]
+    assert env.sandbox is None and not os.path.exists(workdir)  # closed on submit
+    assert env.reward() == 0.0 and env.reward() == 0.0 and len(grades) == 1  # graded once, fresh sandbox
+    assert env.grade_result.resolved is False
+    with pytest.raises(RuntimeError, match="single-use"):
+        env.reset()
+
+
+def test_sandbox_is_closed_when_a_step_breaks():
+    env = SWEEnv(TASKS[0], backend="local")
+    env.reset()
+    sandbox = env.sandbox
+    sandbox.close()  # the sandbox dies under the episode
+    with pytest.raises(SandboxError):
+        env.step("```\nls\n```")
+    assert env.sandbox is None
+    assert env.reward() == 0.0  # never submitted
+
+
+def test_broken_sandbox_ends_episode_as_infra_error(tok):
+    def dying_factory(task):
+        sandbox = envs.open_sandbox(task, "local")
+        sandbox.close()
+        return sandbox
+
+    env = SWEEnv(TASKS[0], sandbox_factory=dying_factory)
+    router = ScriptRouter(tok, {"": [SUBMIT]})
+    [traj] = asyncio.run(
+        run_episodes([env], router, tok, sampling=SAMPLING, max_turns=3, max_context_tokens=8192)
+    )
+    assert traj.ended_by == "error" and traj.reward is None and "closed sandbox" in traj.infra_error
+
+
+def test_from_config_reads_agent_and_env_sections():
+    config = RunConfig.model_validate({"agent": {"window_lines": 33}, "env": {"command_timeout_s": 5}})
+    env = SWEEnv.from_config(TASKS[0], config)
+    assert (env.window_lines, env.command_timeout_s, env.backend) == (33, 5, "local")
+    assert "33 lines" in env.system_prompt

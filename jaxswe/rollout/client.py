@@ -1,0 +1,268 @@
+"""`RolloutClient`: the trainer's `Engine` over SGLang's native HTTP API (or `jaxswe serve`).
+
+Many requests in flight over one aiohttp session; each goes to the server with the fewest requests
+in flight (ties in round-robin order; one sglang-router URL works the same). Connection errors,
+timeouts and 5xx answers are retried with exponential backoff, preferring another server; 4xx
+answers are not retried. Sampling parameters are sent explicitly on every request, and in training
+mode (`allow_biased_sampling=False`) anything but the model's full softmax is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from jaxswe.errors import UserError
+from jaxswe.rollout.protocol import (
+    ProtocolError,
+    check_sampling_params,
+    generation_from_json,
+    sampling_params_to_json,
+)
+from jaxswe.rollout.types import Generation, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class RolloutError(UserError):
+    """Rollout servers unreachable or answering with errors; the message names them."""
+
+
+class BiasedSamplingError(UserError):
+    """Sampling parameters other than the full softmax at temperature 1 in training mode."""
+
+
+class _RetryableError(Exception):
+    pass
+
+
+class RolloutClient:
+    """`Engine` over one or more SGLang-compatible servers."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        timeout: float = 600.0,
+        max_retries: int = 3,
+        allow_biased_sampling: bool = False,
+        seed: int = 0,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 16.0,
+    ):
+        urls = [urls] if isinstance(urls, str) else list(urls)
+        if not urls:
+            raise UserError("RolloutClient needs at least one server URL")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.allow_biased_sampling = allow_biased_sampling
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._rng = random.Random(seed)  # backoff jitter only; servers own the sampling seed
+        self.in_flight = dict.fromkeys(self.urls, 0)
+        self.requests_sent = dict.fromkeys(self.urls, 0)
+        self._down_until = dict.fromkeys(self.urls, 0.0)
+        self._next = 0
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- session -------------------------------------------------------------------------------
+    async def __aenter__(self) -> RolloutClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0)  # no cap: the caller bounds concurrency
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout)
+            )
+        return self._session
+
+    # -- load balancing ------------------------------------------------------------------------
+    def _pick(self, avoid: str | None) -> str:
+        now = time.monotonic()
+        n = len(self.urls)
+        order = [self.urls[(self._next + i) % n] for i in range(n)]
+        self._next = (self._next + 1) % n
+        up = [u for u in order if self._down_until[u] <= now] or order
+        if avoid is not None and len(up) > 1:
+            up = [u for u in up if u != avoid]
+        return min(up, key=lambda u: self.in_flight[u])
+
+    async def _post_once(self, url: str, path: str, payload: dict[str, Any] | None) -> Any:
+        self.in_flight[url] += 1
+        self.requests_sent[url] += 1
+        try:
+            async with self._get_session().post(url + path, json=payload) as resp:
+                text = await resp.text()
+                if resp.status >= 500:
+                    raise _RetryableError(f"{url}{path}: HTTP {resp.status}: {text[:200]}")
+                if resp.status >= 400:
+                    raise RolloutError(f"{url}{path}: HTTP {resp.status}: {text[:500]}")
+                try:
+                    return await resp.json(content_type=None)
+                except ValueError:
+                    return text
+        except (TimeoutError, aiohttp.ClientConnectionError) as err:
+            self._down_until[url] = time.monotonic() + self.backoff_s
+            raise _RetryableError(f"{url}{path}: {type(err).__name__}: {err}") from None
+        finally:
+            self.in_flight[url] -= 1
+
+    async def _post(self, path: str, payload: dict[str, Any]) -> Any:
+        """POST to the least-loaded server, retrying elsewhere on connection errors and 5xx."""
+        last_url: str | None = None
+        errors: list[str] = []
+        for attempt in range(self.max_retries + 1):
+            url = self._pick(avoid=last_url)
+            try:
+                return await self._post_once(url, path, payload)
+            except _RetryableError as err:
+                errors.append(str(err))
+                last_url = url
+                if attempt < self.max_retries:
+                    delay = min(self.max_backoff_s, self.backoff_s * 2**attempt)
+                    await asyncio.sleep(delay * (0.5 + self._rng.random()))
+        raise RolloutError(f"{path} failed after {self.max_retries + 1} attempts; last error: {errors[-1]}")
+
+    # -- Engine --------------------------------------------------------------------------------
+    def check_params(self, params: SamplingParams) -> None:
+        """Raise if `params` are invalid, or biased while in training mode."""
+        try:
+            check_sampling_params(params)
+        except ProtocolError as err:
+            raise UserError(str(err)) from None
+        if not self.allow_biased_sampling and not params.unbiased:
+            raise BiasedSamplingError(
+                f"biased sampling refused in training mode: temperature={params.temperature} "
+                f"top_p={params.top_p} top_k={params.top_k} min_p={params.min_p} "
+                "(RL needs temperature 1, top_p 1, top_k -1, min_p 0; set allow_biased_sampling for eval)"
+            )
+
+    async def generate(
+        self, input_ids: list[int], params: SamplingParams, *, logprob_start_len: int = -1
+    ) -> Generation:
+        """Sample one completion with the log-probs of its tokens (and of the prompt from
+        `logprob_start_len` when >= 0)."""
+        self.check_params(params)
+        payload = {
+            "input_ids": list(input_ids),
+            "sampling_params": sampling_params_to_json(params),
+            "return_logprob": True,
+            "logprob_start_len": logprob_start_len,
+        }
+        obj = await self._post("/generate", payload)
+        if isinstance(obj, list) and len(obj) == 1:
+            obj = obj[0]
+        try:
+            return generation_from_json(obj, want_prompt_logprobs=logprob_start_len >= 0)
+        except ProtocolError as err:
+            raise RolloutError(str(err)) from None
+
+    # -- control -------------------------------------------------------------------------------
+    async def _get_status(self, url: str, path: str) -> tuple[str, int | str]:
+        try:
+            async with self._get_session().get(url + path, timeout=aiohttp.ClientTimeout(total=10)) as r:
+                await r.read()
+                return url, r.status
+        except (TimeoutError, aiohttp.ClientError) as err:
+            return url, f"{type(err).__name__}: {err}"
+
+    async def check_health(self) -> list[str]:
+        """GET /health on every server; returns the healthy ones, raises if none is."""
+        results = await asyncio.gather(*(self._get_status(u, "/health") for u in self.urls))
+        healthy = [u for u, s in results if s == 200]
+        for u, s in results:
+            if s != 200:
+                log.warning("rollout server %s is not healthy: %s", u, s)
+                self._down_until[u] = time.monotonic() + self.max_backoff_s
+        if not healthy:
+            detail = "; ".join(f"{u}: {s}" for u, s in results)
+            raise RolloutError(f"no rollout server is reachable ({detail})")
+        return healthy
+
+    async def _post_all(self, path: str, payload: dict[str, Any] | None) -> list[Any]:
+        async def one(url: str) -> Any:
+            for attempt in range(self.max_retries + 1):
+                try:
+                    return await self._post_once(url, path, payload)
+                except _RetryableError as err:
+                    if attempt == self.max_retries:
+                        raise RolloutError(str(err)) from None
+                    await asyncio.sleep(min(self.max_backoff_s, self.backoff_s * 2**attempt))
+
+        return await asyncio.gather(*(one(u) for u in self.urls))
+
+    async def update_weights_from_disk(self, model_path: str) -> None:
+        """Make every server load `model_path`; raises naming the servers that failed."""
+        results = await asyncio.gather(
+            *(self._update_one(u, "/update_weights_from_disk", {"model_path": model_path}) for u in self.urls)
+        )
+        failed = [f"{u}: {msg}" for u, ok, msg in results if not ok]
+        if failed:
+            raise RolloutError(f"update_weights_from_disk({model_path}) failed on " + "; ".join(failed))
+
+    async def _update_one(self, url: str, path: str, payload: dict[str, Any]) -> tuple[str, bool, str]:
+        try:
+            async with self._get_session().post(url + path, json=payload) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    return url, False, f"HTTP {resp.status}: {text[:300]}"
+                obj = await resp.json(content_type=None)
+                return url, bool(obj.get("success", False)), str(obj.get("message", ""))
+        except (TimeoutError, aiohttp.ClientError, ValueError) as err:
+            return url, False, f"{type(err).__name__}: {err}"
+
+    async def flush_cache(self) -> None:
+        """Drop every server's prefix cache (after a weight update)."""
+        await self._post_all("/flush_cache", None)
+
+
+def logprob_gap(rollout_logprobs: Any, trainer_logprobs: Any, mask: Any) -> dict[str, float]:
+    """Mismatch between rollout-engine and trainer log-probs of the same sampled tokens.
+
+    Returns mean and max absolute difference over masked tokens and `kl`, the k3 estimate
+    `E[r - 1 - log r]` with `r = p_trainer / p_rollout` of KL(rollout || trainer) (tokens were drawn
+    from the rollout engine; non-negative, low variance). All 0.0 when the mask is empty.
+    """
+    rollout = np.asarray(rollout_logprobs, np.float64)
+    trainer = np.asarray(trainer_logprobs, np.float64)
+    m = np.asarray(mask, bool)
+    if rollout.shape != trainer.shape or rollout.shape != m.shape:
+        raise ValueError(f"shapes differ: rollout {rollout.shape}, trainer {trainer.shape}, mask {m.shape}")
+    if not m.any():
+        return {"mean_abs": 0.0, "max_abs": 0.0, "kl": 0.0}
+    diff = (trainer - rollout)[m]
+    return {
+        "mean_abs": float(np.mean(np.abs(diff))),
+        "max_abs": float(np.max(np.abs(diff))),
+        "kl": float(np.mean(np.expm1(diff) - diff)),
+    }
+
+
+def client_from_config(rollout: Any) -> RolloutClient:
+    """A RolloutClient for the `rollout` section of a RunConfig (engine http or sglang)."""
+    if not rollout.urls:
+        raise UserError("rollout.urls: at least one server URL is needed for engine http/sglang")
+    return RolloutClient(
+        rollout.urls,
+        timeout=rollout.request_timeout_s,
+        max_retries=rollout.max_retries,
+        allow_biased_sampling=rollout.allow_biased_sampling,
+        seed=rollout.seed,
+    )

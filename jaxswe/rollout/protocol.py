@@ -1,0 +1,207 @@
+"""The SGLang-native `/generate` wire format, shared by `jaxswe serve` and `RolloutClient`.
+
+Field shapes follow SGLang's `GenerateReqInput` and its response `meta_info`, so either side can
+talk to a real SGLang server:
+- request: `input_ids` ([int] or [[int]]), `sampling_params` (dict, or one dict per prompt),
+  `return_logprob`, `logprob_start_len` (-1: output log-probs only);
+- response: `{output_ids, meta_info: {id, output_token_logprobs: [[logprob, id, null], ...],
+  input_token_logprobs: [[logprob|null, id, null], ...], finish_reason: {type: "stop", matched: id}
+  | {type: "length", length: n}, prompt_tokens, completion_tokens, cached_tokens}}`, a list of
+  those for batched input. `output_ids` include a matched stop token, as SGLang's do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from jaxswe.errors import UserError
+from jaxswe.rollout.types import Generation, SamplingParams
+
+
+class ProtocolError(UserError):
+    """A request or response that does not follow the protocol (HTTP 400 on the server side)."""
+
+
+# SGLang sampling keys we accept only at their neutral value (anything else changes the distribution).
+_NEUTRAL_KEYS: dict[str, Any] = {
+    "repetition_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "n": 1,
+    "min_new_tokens": 0,
+    "ignore_eos": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
+    "stop": None,
+    "logit_bias": None,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "sampling_seed": None,
+}
+_PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One prompt of a `/generate` call, validated."""
+
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+
+
+def sampling_params_to_json(params: SamplingParams) -> dict[str, Any]:
+    """Every sampling parameter, explicitly (the server must not fill in defaults)."""
+    out = dataclasses.asdict(params)
+    out["stop_token_ids"] = list(params.stop_token_ids)
+    return out
+
+
+def sampling_params_from_json(obj: Any) -> SamplingParams:
+    """Validate a `sampling_params` dict; unknown or non-neutral extra keys are errors."""
+    if obj is None:
+        obj = {}
+    if not isinstance(obj, dict):
+        raise ProtocolError("sampling_params must be an object")
+    kwargs: dict[str, Any] = {}
+    for key, value in obj.items():
+        if key in _PARAM_FIELDS:
+            kwargs[key] = value
+        elif key in _NEUTRAL_KEYS:
+            if value not in (_NEUTRAL_KEYS[key], [], {}) and value is not None:
+                raise ProtocolError(f"sampling_params.{key}={value!r} is not supported (only neutral values)")
+        else:
+            raise ProtocolError(f"sampling_params.{key}: unknown key")
+    try:
+        params = SamplingParams(
+            temperature=float(kwargs.get("temperature", 1.0)),
+            top_p=float(kwargs.get("top_p", 1.0)),
+            top_k=int(kwargs.get("top_k", -1)),
+            min_p=float(kwargs.get("min_p", 0.0)),
+            max_new_tokens=int(kwargs.get("max_new_tokens", 128)),
+            stop_token_ids=tuple(int(t) for t in (kwargs.get("stop_token_ids") or ())),
+        )
+    except (TypeError, ValueError) as err:
+        raise ProtocolError(f"sampling_params: {err}") from None
+    check_sampling_params(params)
+    return params
+
+
+def check_sampling_params(params: SamplingParams) -> None:
+    """Raise ProtocolError naming the first out-of-range field."""
+    if not (params.temperature >= 0 and math.isfinite(params.temperature)):
+        raise ProtocolError(f"sampling_params.temperature must be >= 0, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ProtocolError(f"sampling_params.top_p must be in (0, 1], got {params.top_p}")
+    if params.top_k == 0 or params.top_k < -1:
+        raise ProtocolError(f"sampling_params.top_k must be -1 (off) or >= 1, got {params.top_k}")
+    if not 0 <= params.min_p <= 1:
+        raise ProtocolError(f"sampling_params.min_p must be in [0, 1], got {params.min_p}")
+    if params.max_new_tokens < 1:
+        raise ProtocolError(f"sampling_params.max_new_tokens must be >= 1, got {params.max_new_tokens}")
+
+
+def _per_prompt(value: Any, n: int, name: str) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != n:
+            raise ProtocolError(f"{name}: {len(value)} values for {n} prompts")
+        return value
+    return [value] * n
+
+
+def _is_token_list(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def parse_generate_body(body: Any, *, vocab_size: int | None = None) -> tuple[list[GenerateRequest], bool]:
+    """Validate a `/generate` body; returns (requests, batched)."""
+    if not isinstance(body, dict):
+        raise ProtocolError("body must be a JSON object")
+    if "text" in body and body["text"] is not None:
+        raise ProtocolError("text input is not supported: send input_ids")
+    ids = body.get("input_ids")
+    if _is_token_list(ids) and ids:
+        prompts, batched = [ids], False
+    elif isinstance(ids, list) and ids and all(_is_token_list(p) and p for p in ids):
+        prompts, batched = ids, True
+    else:
+        raise ProtocolError("input_ids must be a non-empty list of ints or a list of such lists")
+    n = len(prompts)
+    sps = body.get("sampling_params")
+    sps = sps if isinstance(sps, list) else [sps] * n
+    if len(sps) != n:
+        raise ProtocolError(f"sampling_params: {len(sps)} values for {n} prompts")
+    ret = _per_prompt(body.get("return_logprob", False), n, "return_logprob")
+    starts = _per_prompt(body.get("logprob_start_len", -1), n, "logprob_start_len")
+    requests = []
+    for prompt, sp, r, s in zip(prompts, sps, ret, starts, strict=True):
+        if vocab_size is not None and any(not 0 <= t < vocab_size for t in prompt):
+            raise ProtocolError(f"input_ids: token id out of range [0, {vocab_size})")
+        if not isinstance(s, int) or s < -1:
+            raise ProtocolError(f"logprob_start_len must be an int >= -1, got {s!r}")
+        requests.append(GenerateRequest(list(prompt), sampling_params_from_json(sp), bool(r), s))
+    return requests, batched
+
+
+def finish_reason_json(gen: Generation) -> dict[str, Any]:
+    if gen.finish_reason == "stop":
+        return {"type": "stop", "matched": gen.output_ids[-1]}
+    return {"type": "length", "length": len(gen.output_ids)}
+
+
+def generation_to_json(req: GenerateRequest, gen: Generation) -> dict[str, Any]:
+    """One response object in SGLang's shape."""
+    meta: dict[str, Any] = {
+        "id": uuid.uuid4().hex,
+        "finish_reason": finish_reason_json(gen),
+        "prompt_tokens": len(req.input_ids),
+        "completion_tokens": len(gen.output_ids),
+        "cached_tokens": 0,
+    }
+    if req.return_logprob:
+        meta["output_token_logprobs"] = [
+            [lp, t, None] for lp, t in zip(gen.logprobs, gen.output_ids, strict=True)
+        ]
+        start = max(req.logprob_start_len, 0) if req.logprob_start_len >= 0 else len(req.input_ids)
+        prompt_lps = gen.prompt_logprobs or []
+        meta["input_token_logprobs"] = [
+            [None if pos == 0 else lp, req.input_ids[pos], None]
+            for pos, lp in zip(range(start, len(req.input_ids)), prompt_lps, strict=False)
+        ]
+    return {"output_ids": list(gen.output_ids), "meta_info": meta}
+
+
+def generation_from_json(obj: Any, *, want_prompt_logprobs: bool = False) -> Generation:
+    """Parse one SGLang response object; log-probs must be present and match `output_ids`."""
+    try:
+        output_ids = [int(t) for t in obj["output_ids"]]
+        meta = obj["meta_info"]
+        entries = meta["output_token_logprobs"]
+        finish = meta["finish_reason"]
+        finish_type = finish["type"] if isinstance(finish, dict) else finish
+    except (KeyError, TypeError, ValueError) as err:
+        raise ProtocolError(f"malformed /generate response: missing or bad {err}") from None
+    if finish_type not in ("stop", "length"):
+        raise ProtocolError(f"/generate finished with {finish!r} (expected stop or length)")
+    if len(entries) != len(output_ids) or any(
+        int(e[1]) != t for e, t in zip(entries, output_ids, strict=True)
+    ):
+        raise ProtocolError("output_token_logprobs do not match output_ids")
+    prompt_logprobs = None
+    if want_prompt_logprobs:
+        prompt_logprobs = [
+            0.0 if e[0] is None else float(e[0]) for e in meta.get("input_token_logprobs") or []
+        ]
+    return Generation(
+        output_ids=output_ids,
+        logprobs=[float(e[0]) for e in entries],
+        finish_reason=finish_type,
+        prompt_logprobs=prompt_logprobs,
+    )

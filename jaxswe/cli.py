@@ -19,6 +19,7 @@ _COMMAND_MODULES: list[str] = [
     "jaxswe.tasks_cli",
     "jaxswe.stages.cli",
     "jaxswe.model.cli",
+    "jaxswe.plan",
 ]
 
 app = typer.Typer(

@@ -1,0 +1,349 @@
+"""Hugging Face safetensors <-> the stacked parameter pytree.
+
+`load_hf` reads config.json and one or many *.safetensors (model.safetensors.index.json when
+sharded). With a mesh, every array is built by `jax.make_array_from_callback` from exactly the
+slice each device needs (`safe_open(...).get_slice`), so no host ever holds the whole model.
+`save_hf` writes sharded safetensors + index + config.json that transformers and SGLang load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from jaxswe.errors import UserError
+from jaxswe.model.config import ModelConfigError, Qwen2Config
+from jaxswe.model.params import Params, param_logical_axes, param_shapes
+from sharding.logical import Rules, logical_to_spec
+
+INDEX_FILE = "model.safetensors.index.json"
+_NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+class WeightsError(UserError):
+    """A checkpoint directory whose weights do not match the model (missing tensor, bad shape)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mapping:
+    """How one of our leaves relates to Hugging Face tensors.
+
+    kind: copy (same layout), t (2-D transpose), out_heads (HF [H*D, E] -> [E, H, D]),
+    in_heads (HF [E, H*D] -> [H, D, E]), bias_heads (HF [H*D] -> [H, D]).
+    """
+
+    hf_name: str  # with "{i}" for the layer index when stacked
+    kind: str
+    stacked: bool
+
+
+_LAYER = "model.layers.{i}."
+_LAYER_MAPPINGS = {
+    "attn_norm": _Mapping(_LAYER + "input_layernorm.weight", "copy", True),
+    "wq": _Mapping(_LAYER + "self_attn.q_proj.weight", "out_heads", True),
+    "bq": _Mapping(_LAYER + "self_attn.q_proj.bias", "bias_heads", True),
+    "wk": _Mapping(_LAYER + "self_attn.k_proj.weight", "out_heads", True),
+    "bk": _Mapping(_LAYER + "self_attn.k_proj.bias", "bias_heads", True),
+    "wv": _Mapping(_LAYER + "self_attn.v_proj.weight", "out_heads", True),
+    "bv": _Mapping(_LAYER + "self_attn.v_proj.bias", "bias_heads", True),
+    "wo": _Mapping(_LAYER + "self_attn.o_proj.weight", "in_heads", True),
+    "mlp_norm": _Mapping(_LAYER + "post_attention_layernorm.weight", "copy", True),
+    "w_gate": _Mapping(_LAYER + "mlp.gate_proj.weight", "t", True),
+    "w_up": _Mapping(_LAYER + "mlp.up_proj.weight", "t", True),
+    "w_down": _Mapping(_LAYER + "mlp.down_proj.weight", "t", True),
+}
+
+
+def _mappings(config: Qwen2Config) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "embed": _Mapping("model.embed_tokens.weight", "copy", False),
+        "layers": dict(_LAYER_MAPPINGS),
+        "final_norm": _Mapping("model.norm.weight", "copy", False),
+    }
+    if not config.tie_word_embeddings:
+        out["lm_head"] = _Mapping("lm_head.weight", "t", False)
+    return out
+
+
+def _hf_shape(kind: str, ours: tuple[int, ...]) -> tuple[int, ...]:
+    """Hugging Face shape of one (per-layer) tensor given our per-layer shape."""
+    if kind == "copy":
+        return ours
+    if kind == "t":
+        return ours[::-1]
+    if kind == "out_heads":
+        return (ours[1] * ours[2], ours[0])
+    if kind == "in_heads":
+        return (ours[2], ours[0] * ours[1])
+    return (ours[0] * ours[1],)  # bias_heads
+
+
+def to_hf_layout(kind: str, ours: np.ndarray) -> np.ndarray:
+    """One per-layer array in our layout -> Hugging Face layout."""
+    if kind == "copy":
+        return ours
+    if kind == "t":
+        return ours.T
+    if kind == "out_heads":
+        return ours.reshape(ours.shape[0], -1).T
+    if kind == "in_heads":
+        return ours.reshape(-1, ours.shape[-1]).T
+    return ours.reshape(-1)
+
+
+def _read_slice(hf_slice, kind: str, head_dim: int, index: tuple[slice, ...]) -> np.ndarray:
+    """Read the part of one HF tensor that our per-layer `index` (normalized slices) covers."""
+    if kind == "copy":
+        return hf_slice[index]
+    if kind == "t":
+        return hf_slice[index[1], index[0]].T
+    if kind == "out_heads":  # ours [E, H, D]
+        se, sh, sd = index
+        rows = slice(sh.start * head_dim, sh.stop * head_dim)
+        block = hf_slice[rows, se].T
+        return block.reshape(block.shape[0], -1, head_dim)[:, :, sd]
+    if kind == "in_heads":  # ours [H, D, E]
+        sh, sd, se = index
+        block = hf_slice[se, slice(sh.start * head_dim, sh.stop * head_dim)].T
+        return block.reshape(-1, head_dim, block.shape[-1])[:, sd, :]
+    sh, sd = index  # bias_heads
+    return hf_slice[slice(sh.start * head_dim, sh.stop * head_dim)].reshape(-1, head_dim)[:, sd]
+
+
+class _TensorFiles:
+    """Name -> safetensors file lookup over one or many files, with lazily opened handles."""
+
+    def __init__(self, path: Path):
+        index = path / INDEX_FILE
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (ValueError, KeyError) as err:
+                raise WeightsError(f"{index}: not a safetensors index ({err})") from None
+            self.file_of = {name: path / file for name, file in weight_map.items()}
+        else:
+            files = sorted(path.glob("*.safetensors"))
+            if not files:
+                raise WeightsError(f"{path}: no *.safetensors files")
+            self.file_of = {}
+            for file in files:
+                with safe_open(str(file), framework="numpy") as handle:
+                    self.file_of.update({name: file for name in handle.keys()})  # noqa: SIM118
+        self._handles: dict[Path, Any] = {}
+
+    def get_slice(self, name: str):
+        file = self.file_of[name]
+        if file not in self._handles:
+            if not file.is_file():
+                raise WeightsError(f"{file}: listed in {INDEX_FILE} for {name} but missing")
+            self._handles[file] = safe_open(str(file), framework="numpy")
+        return self._handles[file].get_slice(name)
+
+
+def read_hf_config(path: str | Path, **runtime: Any) -> Qwen2Config:
+    """The Qwen2Config of a Hugging Face directory's config.json (runtime knobs from kwargs)."""
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        raise WeightsError(f"{path}: no config.json (not a Hugging Face model directory)")
+    try:
+        hf = json.loads(file.read_text())
+    except ValueError as err:
+        raise ModelConfigError(f"{file}: invalid JSON ({err})") from None
+    return Qwen2Config.from_hf_dict(hf, **runtime)
+
+
+def _normalize(index: tuple, shape: tuple[int, ...]) -> tuple[slice, ...]:
+    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    return tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, shape, strict=True))
+
+
+def _check_tensor(files: _TensorFiles, name: str, expected: tuple[int, ...], path: Path) -> None:
+    if name not in files.file_of:
+        raise WeightsError(f"{path}: missing tensor {name}")
+    got = tuple(files.get_slice(name).get_shape())
+    if got != expected:
+        raise WeightsError(f"{path}: tensor {name} has shape {list(got)}, expected {list(expected)}")
+
+
+def _leaf_reader(files: _TensorFiles, m: _Mapping, shape: tuple[int, ...], head_dim: int, dtype):
+    """callback(index) -> np.ndarray of our leaf's `index` region, read slice by slice."""
+
+    def read(index: tuple) -> np.ndarray:
+        index = _normalize(index, shape)
+        if not m.stacked:
+            return np.asarray(_read_slice(files.get_slice(m.hf_name), m.kind, head_dim, index), dtype)
+        layers = range(index[0].start, index[0].stop)
+        parts = [
+            _read_slice(files.get_slice(m.hf_name.format(i=i)), m.kind, head_dim, index[1:]) for i in layers
+        ]
+        return np.stack(parts).astype(dtype)
+
+    return read
+
+
+def _resolve_shardings(config, mesh, shardings, rules):
+    if mesh is None:
+        return None
+    if callable(shardings):
+        return shardings(config)
+    if shardings is not None:
+        return shardings
+    if rules is not None:
+        return jax.tree.map(
+            lambda axes: NamedSharding(mesh, logical_to_spec(axes, rules)),
+            param_logical_axes(config),
+            is_leaf=lambda x: isinstance(x, tuple),
+        )
+    return jax.tree.map(
+        lambda _: NamedSharding(mesh, PartitionSpec()),
+        param_logical_axes(config),
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
+
+
+def load_hf(
+    path: str | Path,
+    *,
+    dtype=jnp.float32,
+    mesh: Mesh | None = None,
+    shardings: Any | Callable[[Qwen2Config], Any] | None = None,
+    rules: Rules | None = None,
+    **runtime: Any,
+) -> tuple[Qwen2Config, Params]:
+    """(config, params) from a Hugging Face Qwen2 directory.
+
+    Without a mesh the arrays go to the default device. With a mesh, each array is created with
+    its sharding: `shardings` (a pytree of Shardings like the params, or a function of the
+    config returning one), else `rules` (logical axis -> mesh axes, applied to
+    param_logical_axes), else replicated. `runtime` sets Qwen2Config runtime knobs (dtype, ...).
+    """
+    path = Path(path)
+    runtime.setdefault("param_dtype", jnp.dtype(dtype).name)
+    config = read_hf_config(path, **runtime)
+    files = _TensorFiles(path)
+    np_dtype = np.dtype(jnp.dtype(dtype))
+    mappings, shapes = _mappings(config), param_shapes(config)
+    placement = _resolve_shardings(config, mesh, shardings, rules)
+    is_map = lambda x: isinstance(x, _Mapping)
+    flat_maps, treedef = jax.tree.flatten(mappings, is_leaf=is_map)
+    flat_shapes = treedef.flatten_up_to(shapes)
+    flat_place = [None] * len(flat_maps) if placement is None else treedef.flatten_up_to(placement)
+
+    for m, shape in zip(flat_maps, flat_shapes, strict=True):
+        per_layer = shape[1:] if m.stacked else shape
+        for i in range(config.num_layers if m.stacked else 1):
+            _check_tensor(files, m.hf_name.format(i=i), _hf_shape(m.kind, per_layer), path)
+
+    leaves = []
+    for m, shape, sharding in zip(flat_maps, flat_shapes, flat_place, strict=True):
+        read = _leaf_reader(files, m, shape, config.head_dim, np_dtype)
+        if sharding is None:
+            leaves.append(jnp.asarray(read(())))
+        else:
+            leaves.append(jax.make_array_from_callback(shape, sharding, read))
+    return config, jax.tree.unflatten(treedef, leaves)
+
+
+def _hf_tensors(config: Qwen2Config, params: Params):
+    """(name, per-layer mapping, leaf, layer index or None) for every Hugging Face tensor, in file order."""
+    mappings = _mappings(config)
+    flat_maps, treedef = jax.tree.flatten(mappings, is_leaf=lambda x: isinstance(x, _Mapping))
+    try:
+        flat_leaves = treedef.flatten_up_to(params)
+    except (ValueError, TypeError) as err:
+        raise WeightsError(f"params do not match the config's layout: {err}") from None
+    expected = param_shapes(config)
+    for m, leaf, shape in zip(flat_maps, flat_leaves, treedef.flatten_up_to(expected), strict=True):
+        if tuple(leaf.shape) != tuple(shape):
+            raise WeightsError(f"param for {m.hf_name} has shape {list(leaf.shape)}, expected {list(shape)}")
+    items = [
+        (m.hf_name, m, leaf, None) for m, leaf in zip(flat_maps, flat_leaves, strict=True) if not m.stacked
+    ]
+    for i in range(config.num_layers):
+        items += [(m.hf_name.format(i=i), m, leaf, i) for m, leaf in zip(flat_maps, flat_leaves, strict=True)
+                  if m.stacked]  # fmt: skip
+    return items
+
+
+def save_hf(
+    path: str | Path,
+    config: Qwen2Config,
+    params: Params,
+    *,
+    dtype: str | None = None,
+    max_shard_bytes: int = 5 * 1024**3,
+) -> Path:
+    """Write safetensors shards (+ index when more than one) and config.json to directory `path`.
+
+    `dtype` ("float32" | "bfloat16" | "float16") defaults to the params' dtype. Files are written
+    to a temporary directory next to `path` and moved into place at the end, so an error leaves
+    nothing half-written. Returns the path.
+    """
+    path = Path(path)
+    items = _hf_tensors(config, params)
+    dtype = dtype or jnp.dtype(jax.tree.leaves(params)[0].dtype).name
+    if dtype not in _NP_DTYPES:
+        raise WeightsError(f"save_hf: dtype {dtype!r} not in {sorted(_NP_DTYPES)}")
+    np_dtype = np.dtype(_NP_DTYPES[dtype])
+
+    shards: list[list[tuple]] = [[]]
+    size = 0
+    for item in items:
+        per_layer = item[2].shape[1:] if item[1].stacked else item[2].shape
+        nbytes = int(np.prod(per_layer)) * np_dtype.itemsize
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(item)
+        size += nbytes
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        weight_map, total = {}, 0
+        for n, shard in enumerate(shards, start=1):
+            file = (
+                "model.safetensors" if len(shards) == 1 else f"model-{n:05d}-of-{len(shards):05d}.safetensors"
+            )
+            tensors = {}
+            for name, m, leaf, layer in shard:
+                ours = np.asarray(jax.device_get(leaf if layer is None else leaf[layer]))
+                tensors[name] = np.ascontiguousarray(to_hf_layout(m.kind, ours).astype(np_dtype))
+                weight_map[name] = file
+                total += tensors[name].nbytes
+            save_file(tensors, str(tmp / file), metadata={"format": "pt"})
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(config.to_hf_dict(torch_dtype=dtype), indent=2) + "\n")
+        _move_into(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def _move_into(src: Path, dst: Path) -> None:
+    """Replace dst's weights and config with src's files (dst's other files, e.g. a tokenizer, stay)."""
+    if not dst.exists():
+        os.replace(src, dst)
+        return
+    if not dst.is_dir():
+        raise WeightsError(f"{dst}: exists and is not a directory")
+    for old in [*dst.glob("*.safetensors"), dst / INDEX_FILE]:
+        old.unlink(missing_ok=True)
+    for new in src.iterdir():
+        os.replace(new, dst / new.name)

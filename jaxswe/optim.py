@@ -82,7 +82,9 @@ def accumulate_gradients(
         aux_sum = jax.tree.map(jnp.add, aux_sum, aux)
         return (loss_sum + loss, aux_sum, grad_sum), None
 
-    (loss, aux_sum, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros_aux, zeros_grads), micro)
+    (loss, aux_sum, grads), _ = jax.lax.scan(
+        body, (jnp.zeros((), jnp.float32), zeros_aux, zeros_grads), micro
+    )
     aux = jax.tree.map(lambda a: a / num_micro, aux_sum)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     chex.assert_trees_all_equal_shapes(grads, params)

@@ -19,13 +19,20 @@ def test_defaults_follow_the_paper():
     cfg = RunConfig()
     assert (cfg.optimizer.b1, cfg.optimizer.b2, cfg.optimizer.eps) == (0.9, 0.999, 1e-8)
     assert cfg.optimizer.weight_decay == 0.1 and cfg.optimizer.grad_clip == 1.0
-    assert (cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.min_p) == (1.0, 1.0, -1, 0.0)
+    assert (cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.min_p) == (
+        1.0,
+        1.0,
+        -1,
+        0.0,
+    )
     assert cfg.rl.turn_penalty_threshold == 10 and cfg.rl.group_size == 10
 
 
 def test_overrides_are_typed(tmp_path):
     path = _write(tmp_path, "optimizer:\n  lr: 1.0e-6\n")
-    cfg = load_config(path, ["optimizer.lr=5e-6", "rl.eps_high=0.3", "env.backend=docker", "mesh.axes={fsdp: 8}"])
+    cfg = load_config(
+        path, ["optimizer.lr=5e-6", "rl.eps_high=0.3", "env.backend=docker", "mesh.axes={fsdp: 8}"]
+    )
     assert cfg.optimizer.lr == 5e-6 and cfg.rl.eps_high == 0.3
     assert cfg.env.backend == "docker" and cfg.mesh.axes == {"fsdp": 8}
 
@@ -62,7 +69,11 @@ def test_missing_file(tmp_path):
 def test_apply_overrides_does_not_mutate():
     base = {"rl": {"iterations": 3}}
     out = apply_overrides(base, ["rl.iterations=5", "model.dtype=float32"])
-    assert base == {"rl": {"iterations": 3}} and out["rl"]["iterations"] == 5 and out["model"]["dtype"] == "float32"
+    assert (
+        base == {"rl": {"iterations": 3}}
+        and out["rl"]["iterations"] == 5
+        and out["model"]["dtype"] == "float32"
+    )
 
 
 def test_dump_round_trips(tmp_path):

@@ -55,7 +55,9 @@ def test_accumulated_gradients_equal_full_batch(num_micro):
         err = batch["x"] @ p["w"] + p["b"] - batch["y"]
         return jnp.sum(err**2) / 8.0, {"sq": jnp.mean(err**2)}
 
-    loss, _, grads = jax.jit(lambda p, b: accumulate_gradients(loss_fn, p, b, num_micro))(params, {"x": x, "y": y})
+    loss, _, grads = jax.jit(lambda p, b: accumulate_gradients(loss_fn, p, b, num_micro))(
+        params, {"x": x, "y": y}
+    )
     (ref_loss, _), ref_grads = jax.value_and_grad(loss_fn, has_aux=True)(params, {"x": x, "y": y})
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
     for k in params:

@@ -289,6 +289,23 @@ def test_logprobs_never_materialize_full_vocab_logits():
         assert compiled.memory_analysis().temp_size_in_bytes < full_logits_bytes / 2
 
 
+@pytest.mark.parametrize("remat", ["full", "save_projections"])
+def test_gradient_memory_grows_linearly_in_length(remat):
+    """Compiled grad of token_logprobs keeps no per-(q block, kv block) masks or scores: 4x T -> < 6x temp.
+
+    Quadratic growth would give ~16x (the layer scan used to hoist every block pair's mask out of the loop).
+    Compile only, never executed.
+    """
+    config = get_preset("tiny", remat=remat, attention_block=256, logprob_chunk=256)
+    params = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+    loss = jax.grad(lambda p, i, s: token_logprobs(p, config, i, segment_ids=s).sum())
+    temp = {}
+    for t in (1024, 4096):
+        ids = jax.ShapeDtypeStruct((1, t), jnp.int32)
+        temp[t] = jax.jit(loss).lower(params, ids, ids).compile().memory_analysis().temp_size_in_bytes
+    assert temp[4096] < 6 * temp[1024], temp
+
+
 def test_param_counts_match_released_models():
     assert count_params(get_preset("qwen2.5-0.5b")) == 494_032_768
     assert count_params(get_preset("qwen2.5-7b")) == 7_615_616_512

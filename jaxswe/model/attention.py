@@ -139,6 +139,15 @@ def _flash(q5, k, v, q_pos, kv_pos, q_seg, kv_seg, bq, bk):
 
 
 def _flash_fwd(q5, k, v, q_pos, kv_pos, q_seg, kv_seg, bq, bk):
+    # Under differentiation this forward is inlined into the caller's jaxpr. When the caller is a
+    # `lax.scan` (the model's layer scan, with or without remat), the scan's partial evaluation
+    # hoists loop-invariant work out of the loop: everything here that depends only on positions
+    # and segment ids (block masks, their score-shaped broadcasts) would be precomputed for every
+    # (q block, kv block) pair and kept alive, O(T * S) memory. Tying positions and segment ids to
+    # q/k/v through a barrier makes them loop-variant, so the masks stay per block.
+    q5, k, v, q_pos, kv_pos, q_seg, kv_seg = jax.lax.optimization_barrier(
+        (q5, k, v, q_pos, kv_pos, q_seg, kv_seg)
+    )
     out, lse_blocks = _flash_forward(q5, k, v, q_pos, kv_pos, q_seg, kv_seg, bq, bk)
     out = out.astype(q5.dtype)
     return out, (q5, k, v, q_pos, kv_pos, q_seg, kv_seg, out, lse_blocks)

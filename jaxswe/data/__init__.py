@@ -1,0 +1,1 @@
+"""Turning trajectories into fixed-shape token batches for the trainer."""

@@ -1,0 +1,1 @@
+"""Run-directory infrastructure: resolved config, metrics (JSONL + TensorBoard), plots, checkpoints."""

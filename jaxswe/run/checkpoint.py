@@ -1,0 +1,94 @@
+"""Orbax checkpoints of a stage: named pytrees (params, optimizer state) plus JSON `meta`.
+
+Saves are synchronous, so once `save` returns the checkpoint is committed (Orbax writes to a
+temporary directory and renames it, so a killed save leaves nothing that looks complete).
+`restore_latest` walks back from the newest step when one cannot be read (corrupt or partial)
+and says so on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from jaxswe.errors import UserError
+
+
+class CheckpointError(UserError):
+    """No usable checkpoint where one is needed."""
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0][:200] if lines else ""
+
+
+def _manager(directory: str | Path, max_to_keep: int | None = None) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True
+    )
+    return ocp.CheckpointManager(Path(directory).absolute(), options=options)
+
+
+class Checkpoints:
+    """The checkpoint directory of one stage (`<stage dir>/checkpoints`)."""
+
+    def __init__(self, directory: str | Path, *, max_to_keep: int | None = 3):
+        self.directory = Path(directory).absolute()
+        self._mgr = _manager(self.directory, max_to_keep)
+
+    def steps(self) -> list[int]:
+        self._mgr.reload()
+        return sorted(self._mgr.all_steps())
+
+    def save(self, step: int, items: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Commit each named pytree of arrays in `items` and the JSON-able `meta` as `step`."""
+        args = {name: ocp.args.StandardSave(tree) for name, tree in items.items()}
+        self._mgr.save(step, args=ocp.args.Composite(meta=ocp.args.JsonSave(meta), **args), force=True)
+        self._mgr.wait_until_finished()
+
+    def restore(self, step: int, abstract_items: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Read the named items of `step` (others stay on disk) and its meta; each abstract tree gives
+        structure, shapes, dtypes (and shardings)."""
+        args = {
+            name: ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, tree))
+            for name, tree in abstract_items.items()
+        }
+        out = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(), **args))
+        return {name: out[name] for name in abstract_items}, dict(out["meta"])
+
+    def restore_latest(
+        self, abstract_items: dict[str, Any]
+    ) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+        """Newest readable checkpoint as (step, items, meta), or None when there is none."""
+        for step in reversed(self.steps()):
+            try:
+                items, meta = self.restore(step, abstract_items)
+            except Exception as err:  # any read failure means this step is unusable
+                print(
+                    f"jaxswe: checkpoint {self.directory / str(step)} is unreadable "
+                    f"({type(err).__name__}: {_first_line(err)}); using the previous one",
+                    file=sys.stderr,
+                )
+                continue
+            return step, items, meta
+        return None
+
+    def close(self) -> None:
+        self._mgr.close()
+
+
+def find_checkpoint_dir(path: str | Path) -> Path:
+    """Resolve a stage dir, a run dir's stage dir, or a checkpoints dir to its checkpoints dir.
+
+    Raises CheckpointError naming the path when it holds no committed checkpoint.
+    """
+    path = Path(path)
+    for candidate in (path, path / "checkpoints"):
+        if candidate.is_dir() and any(p.name.isdigit() for p in candidate.iterdir()):
+            return candidate.absolute()
+    raise CheckpointError(f"{path}: no checkpoint found (expected a stage run dir or its checkpoints/)")

@@ -1,0 +1,82 @@
+"""Per-iteration metrics: one JSON object per line in metrics.jsonl, mirrored to TensorBoard.
+
+Rows are keyed by `step` (the iteration). A resumed run calls `truncate_after(step)` so rows of
+iterations whose checkpoint never committed are dropped, and TensorBoard purges them likewise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from tensorboardX import SummaryWriter
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """All complete rows of a metrics JSONL file (a torn last line is ignored)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+def truncate_after(path: str | Path, step: int) -> int:
+    """Keep only rows with `step <= step` (and no torn line); return how many rows were dropped."""
+    path = Path(path)
+    rows = read_rows(path)
+    kept = [r for r in rows if r.get("step", -1) <= step]
+    text = "".join(json.dumps(r) + "\n" for r in kept)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return len(rows) - len(kept)
+
+
+def _scalar(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        return float(value) if math.isfinite(float(value)) else None
+    return None
+
+
+class MetricsLogger:
+    """Appends rows to `<dir>/metrics.jsonl` and scalars to TensorBoard under `<dir>/tb`.
+
+    `start_step` is the first step this process will log; on resume, rows and events from that
+    step on are removed first so nothing is duplicated.
+    """
+
+    def __init__(self, directory: str | Path, *, start_step: int = 0):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / "metrics.jsonl"
+        if self.path.exists():
+            truncate_after(self.path, start_step - 1)
+        self.path.touch()
+        self._tb = SummaryWriter(str(self.directory / "tb"), purge_step=start_step if start_step else None)
+
+    def log(self, step: int, row: dict[str, Any]) -> None:
+        """Write one row (flushed and fsynced: it is durable once this returns)."""
+        full = {"step": int(step), **row}
+        with self.path.open("a") as f:
+            f.write(json.dumps(full, default=float) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        for key, value in row.items():
+            scalar = _scalar(value)
+            if scalar is not None:
+                self._tb.add_scalar(key, scalar, int(step))
+        self._tb.flush()
+
+    def close(self) -> None:
+        self._tb.close()

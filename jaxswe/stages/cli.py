@@ -1,0 +1,64 @@
+"""CLI commands `jaxswe rft | rl | eval | pipeline --config X --run-dir DIR [--set k=v ...] [--resume]`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from jaxswe.config import load_config
+
+ConfigOpt = Annotated[Path, typer.Option("--config", help="YAML config (configs/*.yaml)")]
+RunDirOpt = Annotated[Path, typer.Option("--run-dir", help="where the run writes everything")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override section.key=value (repeatable)")]
+ResumeOpt = Annotated[bool, typer.Option("--resume", help="continue from the last complete checkpoint")]
+
+
+def _compile_cache() -> None:
+    """Reuse XLA compilations across processes (resume, repeated stages)."""
+    import jax
+
+    path = os.environ.get("JAXSWE_COMPILE_CACHE", str(Path.home() / ".cache" / "jaxswe" / "xla"))
+    if path:
+        jax.config.update("jax_compilation_cache_dir", path)
+
+
+def _stage_command(name: str):
+    def command(
+        config: ConfigOpt, run_dir: RunDirOpt, set_: SetOpt = None, resume: ResumeOpt = False
+    ) -> None:
+        from jaxswe.stages.stages import run_stage
+
+        cfg = load_config(config, set_ or [])
+        _compile_cache()
+        summary = run_stage(name, cfg, run_dir, init_from=cfg.init_from, resume=resume)
+        typer.echo(json.dumps(summary, indent=2))
+
+    command.__name__ = name
+    command.__doc__ = {
+        "rft": "Rejection fine-tuning: sample N per task, keep resolved trajectories, SFT.",
+        "rl": "Synchronous DAPO RL (stage 1, or stage 2 with rl.task_filter).",
+        "eval": "Pass@1 (95% interval) and Pass@k of a checkpoint or model.",
+    }[name]
+    return command
+
+
+def pipeline(config: ConfigOpt, run_dir: RunDirOpt, set_: SetOpt = None, resume: ResumeOpt = False) -> None:
+    """Run the config's stages in order (e.g. warmstart -> rft -> rl -> eval), each in RUN_DIR/<stage>."""
+    from jaxswe.stages.stages import run_pipeline
+
+    cfg = load_config(config, set_ or [])
+    _compile_cache()
+    out = run_pipeline(cfg, run_dir, resume=resume)
+    typer.echo(
+        json.dumps({"stages": [{"name": s["name"], "pass_at_1": s.get("pass_at_1")} for s in out["stages"]]})
+    )
+
+
+def register(app: typer.Typer) -> None:
+    for name in ("rft", "rl", "eval"):
+        app.command(name)(_stage_command(name))
+    app.command("pipeline")(pipeline)

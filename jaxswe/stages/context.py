@@ -1,0 +1,120 @@
+"""What every stage opens before it works: stage dir, policy, tokenizer, tasks, rollout backend."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jaxswe.config import RunConfig
+from jaxswe.errors import UserError
+from jaxswe.run.plots import plot_metrics
+from jaxswe.stages.evaluate import run_eval_stage
+from jaxswe.stages.rollouts import Backend, EnvFactory, run_phase
+from jaxswe.stages.runtime import (
+    Policy,
+    check_servers,
+    env_factory,
+    load_pool,
+    load_tokenizer,
+    make_backend,
+    resolve_policy,
+    write_model_file,
+)
+from jaxswe.stages.stage_io import prepare_stage_dir, write_json
+
+
+@dataclass
+class StageContext:
+    cfg: RunConfig
+    stage_dir: Path
+    policy: Policy
+    tokenizer: Any
+    task_ids: list[str]
+    eval_ids: list[str]
+    make_env: EnvFactory
+    backend: Backend | None = None
+
+
+def check_settings(cfg: RunConfig) -> None:
+    """Cross-section settings no single section can check."""
+    if cfg.rl.turn_penalty_threshold >= cfg.agent.max_turns:
+        raise UserError(
+            f"rl.turn_penalty_threshold ({cfg.rl.turn_penalty_threshold}) must be below "
+            f"agent.max_turns ({cfg.agent.max_turns})"
+        )
+    if cfg.rl.rows_per_step is not None and cfg.rl.rows_per_step % cfg.optimizer.micro_batches:
+        raise UserError("rl.rows_per_step must be a multiple of optimizer.micro_batches")
+
+
+def check_inputs(cfg: RunConfig) -> tuple[list[Any], list[Any]]:
+    """Validate everything outside the model before work starts: settings, tasks, servers."""
+    check_settings(cfg)
+    tasks = load_pool(cfg.env.tasks)
+    eval_tasks = load_pool(cfg.env.eval_tasks) if cfg.env.eval_tasks else tasks
+    if cfg.task_subset:
+        known = {t.instance_id for t in [*tasks, *eval_tasks]}
+        missing = [t for t in cfg.task_subset if t not in known]
+        if missing:
+            raise UserError(f"task_subset: unknown instance ids {missing}")
+        tasks = [t for t in tasks if t.instance_id in cfg.task_subset]
+        eval_tasks = [t for t in eval_tasks if t.instance_id in cfg.task_subset]
+    if cfg.rollout.engine != "embedded":
+        check_servers(cfg)
+    return tasks, eval_tasks
+
+
+def open_stage(
+    cfg: RunConfig, stage_dir: Path, *, init_from: str | None, policy: Policy | None = None
+) -> StageContext:
+    """Check inputs, resolve the starting policy and write config.yaml + model.json."""
+    tasks, eval_tasks = check_inputs(cfg)
+    policy = policy or resolve_policy(cfg, init_from)
+    tokenizer = load_tokenizer(policy.tokenizer_dir)
+    prepare_stage_dir(stage_dir, cfg)
+    write_model_file(stage_dir, policy)
+    by_id = {t.instance_id: t for t in [*tasks, *eval_tasks]}
+    eval_ids = [t.instance_id for t in eval_tasks][: cfg.eval.max_tasks]
+    return StageContext(
+        cfg=cfg,
+        stage_dir=stage_dir,
+        policy=policy,
+        tokenizer=tokenizer,
+        task_ids=[t.instance_id for t in tasks],
+        eval_ids=eval_ids,
+        make_env=env_factory(cfg, list(by_id.values())),
+    )
+
+
+def ensure_backend(ctx: StageContext, params: Any | None = None) -> Backend:
+    """The stage's rollout backend, serving `params` (default: the starting policy)."""
+    if ctx.backend is None:
+        ctx.backend = make_backend(ctx.cfg, ctx.policy)
+        if ctx.cfg.rollout.engine != "embedded" or params is not None:
+            sync = ctx.backend.sync_weights(params or ctx.policy.params, ctx.stage_dir / "weights")
+            run_phase(ctx.backend, sync)
+    elif params is not None:
+        run_phase(ctx.backend, ctx.backend.sync_weights(params, ctx.stage_dir / "weights"))
+    return ctx.backend
+
+
+def finish_stage(ctx: StageContext, summary: dict[str, Any], params: Any | None = None) -> dict[str, Any]:
+    """Optional eval of the final weights, plots, summary.json; closes the backend."""
+    if ctx.cfg.eval.after_stage and summary.get("name") != "eval":
+        backend = ensure_backend(ctx, params)
+        report = run_eval_stage(
+            ctx.cfg, ctx.stage_dir, backend, ctx.tokenizer, ctx.make_env, ctx.eval_ids, name="final_eval"
+        )
+        summary["pass_at_1"] = report["pass_at_1"]
+        summary["pass_at_1_ci95"] = report["pass_at_1_ci95"]
+    metrics = ctx.stage_dir / "metrics.jsonl"
+    if metrics.exists():
+        plot_metrics(
+            metrics, ctx.stage_dir / "plots" / f"{summary['name']}_curves.png", title=summary["name"]
+        )
+    if ctx.backend is not None:
+        asyncio.run(ctx.backend.close())
+        ctx.backend = None
+    write_json(ctx.stage_dir / "summary.json", summary)
+    return summary

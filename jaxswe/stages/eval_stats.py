@@ -1,0 +1,77 @@
+"""Evaluation statistics: Pass@1 with a 95% interval, unbiased Pass@k, how episodes ended."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+ENDINGS = ("submitted", "max_turns", "context", "error")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimator of Chen et al. (2021): 1 - C(n-c, k) / C(n, k), n samples, c correct."""
+    if not 0 <= c <= n:
+        raise ValueError(f"need 0 <= c <= n, got n={n}, c={c}")
+    if k <= 0 or k > n:
+        raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def pass_at_1_interval(per_task_successes: Mapping[str, Sequence[bool]]) -> tuple[float, float, float]:
+    """Pass@1 = mean over tasks of each task's success rate over its k samples, with a 95%
+    normal interval from the spread of the per-task rates (clipped to [0, 1])."""
+    rates = np.array([np.mean(v) for v in per_task_successes.values() if len(v)], np.float64)
+    if rates.size == 0:
+        return 0.0, 0.0, 0.0
+    mean = float(rates.mean())
+    if rates.size == 1:
+        return mean, mean, mean
+    half = 1.96 * float(rates.std(ddof=1)) / math.sqrt(rates.size)
+    return mean, max(0.0, mean - half), min(1.0, mean + half)
+
+
+def summarize(
+    per_task_successes: Mapping[str, Sequence[bool]],
+    endings: Sequence[str],
+    num_turns: Sequence[int],
+    ks: Sequence[int],
+) -> dict:
+    """The eval report: pass@1 (+ interval), pass@k for each k <= samples, per-task table,
+    fraction of episodes by ending, mean turns."""
+    p1, lo, hi = pass_at_1_interval(per_task_successes)
+    n_min = min((len(v) for v in per_task_successes.values()), default=0)
+    pass_k = {}
+    for k in ks:
+        if 1 <= k <= n_min:
+            vals = [pass_at_k(len(v), int(sum(v)), k) for v in per_task_successes.values()]
+            pass_k[f"pass_at_{k}"] = float(np.mean(vals))
+    counts = Counter(endings)
+    total = max(len(endings), 1)
+    return {
+        "pass_at_1": p1,
+        "pass_at_1_ci95": [lo, hi],
+        **pass_k,
+        "num_tasks": len(per_task_successes),
+        "num_episodes": len(endings),
+        "ended_by": {e: counts.get(e, 0) / total for e in sorted(set(ENDINGS) | set(counts))},
+        "mean_turns": float(np.mean(num_turns)) if len(num_turns) else 0.0,
+        "per_task": {
+            t: {"samples": len(v), "successes": int(sum(v)), "rate": float(np.mean(v)) if len(v) else 0.0}
+            for t, v in sorted(per_task_successes.items())
+        },
+    }
+
+
+def format_table(report: dict) -> str:
+    """The per-task table as aligned text."""
+    rows = [("task", "succ/n", "rate")]
+    rows += [
+        (t, f"{r['successes']}/{r['samples']}", f"{r['rate']:.2f}") for t, r in report["per_task"].items()
+    ]
+    width = max(len(r[0]) for r in rows)
+    return "\n".join(f"{a:<{width}}  {b:>7}  {c:>5}" for a, b, c in rows)

@@ -1,0 +1,87 @@
+"""Evaluation of a policy: k samples per task -> Pass@1 (95% interval), Pass@k, how episodes
+ended, mean turns, a per-task table; written to the stage dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jaxswe.config import RunConfig
+from jaxswe.rollout.types import SamplingParams
+from jaxswe.run.metrics import MetricsLogger
+from jaxswe.run.plots import plot_metrics
+from jaxswe.stages.episodes import Episode, save_episodes
+from jaxswe.stages.eval_stats import format_table, summarize
+from jaxswe.stages.rollouts import Backend, EnvFactory, collect_episodes, run_phase
+from jaxswe.stages.stage_io import write_json
+
+
+def eval_sampling(cfg: RunConfig, stop_token_ids: tuple[int, ...] = ()) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(
+        temperature=cfg.eval.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        min_p=r.min_p,
+        max_new_tokens=r.max_new_tokens,
+        stop_token_ids=stop_token_ids,
+    )
+
+
+def report_from_episodes(episodes: list[Episode], ks: list[int]) -> dict[str, Any]:
+    """The eval report; infra failures are left out of every rate (and counted)."""
+    per_task: dict[str, list[bool]] = {}
+    scored = [e for e in episodes if e.infra_error is None]
+    for e in scored:
+        per_task.setdefault(e.task_id, []).append(e.resolved)
+    report = summarize(per_task, [e.ended_by for e in scored], [e.num_turns for e in scored], ks)
+    report["infra_failures"] = len(episodes) - len(scored)
+    return report
+
+
+async def evaluate(
+    cfg: RunConfig,
+    backend: Backend,
+    tokenizer: Any,
+    make_env: EnvFactory,
+    task_ids: list[str],
+    samples: int,
+) -> tuple[dict[str, Any], list[Episode]]:
+    ids = [t for t in task_ids for _ in range(samples)]
+    episodes, secs = await collect_episodes(
+        ids,
+        make_env,
+        backend.engine,
+        tokenizer,
+        eval_sampling(cfg),
+        cfg.agent,
+        concurrency=cfg.env.max_parallel,
+    )
+    report = report_from_episodes(episodes, cfg.eval.pass_at_k)
+    report["time_s"] = secs
+    return report, episodes
+
+
+def run_eval_stage(
+    cfg: RunConfig,
+    stage_dir: Path,
+    backend: Backend,
+    tokenizer: Any,
+    make_env: EnvFactory,
+    task_ids: list[str],
+    *,
+    samples: int | None = None,
+    name: str = "eval",
+) -> dict[str, Any]:
+    """Evaluate, write eval.json, trajectories, a metrics row and a plot; return the report."""
+    samples = samples or cfg.eval.samples_per_task
+    report, episodes = run_phase(backend, evaluate(cfg, backend, tokenizer, make_env, task_ids, samples))
+    save_episodes(stage_dir / "trajectories" / f"{name}.jsonl", episodes)
+    write_json(stage_dir / f"{name}.json", report)
+    (stage_dir / f"{name}_table.txt").write_text(format_table(report) + "\n")
+    metrics = MetricsLogger(stage_dir / name if name != "eval" else stage_dir)
+    row = {k: v for k, v in report.items() if isinstance(v, int | float)}
+    metrics.log(0, {**row, "pass_rate": report["pass_at_1"]})
+    metrics.close()
+    plot_metrics(metrics.path, stage_dir / "plots" / f"{name}.png", title=f"{cfg.name}: {name}")
+    return report

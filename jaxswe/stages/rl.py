@@ -1,0 +1,278 @@
+"""Synchronous on-policy DAPO RL (stages 1 and 2 of the paper).
+
+Each iteration: P problems x G rollouts -> shaped rewards -> group advantages (uninformative
+groups dropped, infra failures excluded) -> packed token batches -> the trainer recomputes
+old log-probs (the rollout-vs-trainer gap is logged) -> one epoch in k DAPO optimizer steps ->
+weights pushed to the rollout engine -> Orbax checkpoint (params, optimizer, iteration, RNG
+seed, success history, data order, this iteration's metrics row) -> the metrics row.
+
+The loop takes any task ids and an `Environment` factory, so toy environments run through the
+very same code as SWE tasks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from jaxswe.config import RunConfig
+from jaxswe.data.packing import pack_sequences, pad_rows, split_rows
+from jaxswe.errors import UserError
+from jaxswe.rollout.client import logprob_gap
+from jaxswe.rollout.types import SamplingParams
+from jaxswe.run.checkpoint import Checkpoints
+from jaxswe.run.metrics import MetricsLogger, read_rows
+from jaxswe.run.plots import plot_metrics
+from jaxswe.stages.episodes import Episode, save_episodes
+from jaxswe.stages.rl_math import advantage_stats, compute_group_advantages, shaped_rewards
+from jaxswe.stages.rollouts import Backend, EnvFactory, collect_episodes, run_phase
+from jaxswe.stages.stage_io import write_json
+from jaxswe.stages.task_pool import DataOrder, History, next_problems, record_outcomes
+from jaxswe.stages.trainer import Trainer
+
+
+@dataclass
+class RLSetup:
+    """Everything one RL stage runs with."""
+
+    cfg: RunConfig
+    stage_dir: Path
+    trainer: Trainer
+    backend: Backend
+    tokenizer: Any
+    make_env: EnvFactory
+    pool: list[str]
+    stop_token_ids: tuple[int, ...] = ()
+
+
+def rl_sampling(cfg: RunConfig, stop_token_ids: tuple[int, ...]) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        min_p=r.min_p,
+        max_new_tokens=r.max_new_tokens,
+        stop_token_ids=stop_token_ids,
+    )
+
+
+def _group(episodes: list[Episode], size: int) -> list[list[Episode]]:
+    return [episodes[i : i + size] for i in range(0, len(episodes), size)]
+
+
+def _episode_stats(episodes: list[Episode]) -> dict[str, float]:
+    scored = [e for e in episodes if e.infra_error is None]
+    n = max(len(scored), 1)
+    ends = Counter(e.ended_by for e in scored)
+    return {
+        "pass_rate": sum(e.resolved for e in scored) / n,
+        "mean_turns": float(np.mean([e.num_turns for e in scored])) if scored else 0.0,
+        "submit_ratio": ends.get("submitted", 0) / n,
+        "ended_by_limit_ratio": (ends.get("max_turns", 0) + ends.get("context", 0)) / n,
+        "episodes": len(episodes),
+    }
+
+
+def _train_on(setup: RLSetup, groups: list[list[Episode]], advantages: list[list[float]], kept: list[bool]):
+    """Pack kept trajectories, recompute old log-probs, run the DAPO steps; return metrics."""
+    rl, trainer = setup.cfg.rl, setup.trainer
+    seqs = [
+        ep.rl_sequence(adv)
+        for grp, adv_g, keep in zip(groups, advantages, kept, strict=True)
+        if keep
+        for ep, adv in zip(grp, adv_g, strict=True)
+        if ep.infra_error is None
+    ]
+    out: dict[str, Any] = {"trajectories_trained": len(seqs), "optimizer_steps": 0}
+    if not seqs:
+        return out
+    num_steps = max(1, math.ceil(len(seqs) / rl.trajectories_per_step))
+    fixed = rl.rows_per_step
+    batch = pack_sequences(
+        seqs,
+        rl.seq_len,
+        rows_multiple=fixed or num_steps * trainer.rows_multiple,
+        power_of_two_rows=fixed is None,
+    )
+    if fixed:
+        num_steps = max(num_steps, batch.num_rows // fixed)
+    arrays = pad_rows(batch.arrays, fixed * num_steps if fixed else batch.num_rows)
+    spans = split_rows(len(arrays["input_ids"]), num_steps)
+    mask = arrays["loss_mask"] > 0
+    # Old log-probs recomputed by the trainer, in the same row blocks as the updates (one shape).
+    lp_ent = [trainer.logprobs({k: v[a:b] for k, v in arrays.items()}) for a, b in spans]
+    trainer_lp = np.concatenate([lp for lp, _ in lp_ent])
+    entropy = np.concatenate([ent for _, ent in lp_ent])
+    gap = logprob_gap(arrays["old_logprobs"], trainer_lp, mask)
+    rollout_lp = arrays["old_logprobs"]
+    arrays["old_logprobs"] = trainer_lp
+    if rl.tis_correction:
+        weights = np.minimum(np.exp(np.clip(trainer_lp - rollout_lp, -20, 20)), rl.tis_cap)
+        arrays["token_weights"] = np.where(mask, weights, 0.0).astype(np.float32)
+    step_metrics = []
+    t0 = time.perf_counter()
+    for start, stop in spans:
+        step_metrics.append(trainer.dapo_update({k: v[start:stop] for k, v in arrays.items()}))
+    train_s = time.perf_counter() - t0
+    tokens = float(mask.sum())
+    out.update(
+        {
+            "optimizer_steps": len(step_metrics),
+            "tokens_trained": tokens,
+            "sequences_truncated": batch.truncated,
+            "entropy": float(entropy[mask].mean()) if mask.any() else None,
+            "logprob_gap_mean_abs": gap["mean_abs"],
+            "logprob_gap_max_abs": gap["max_abs"],
+            "logprob_gap_kl": gap["kl"],
+            "train_tokens_per_s": tokens / max(train_s, 1e-9),
+        }
+    )
+    for key in ("loss", "clip_fraction", "approx_kl", "ratio_mean", "grad_norm"):
+        out[key] = float(np.mean([m[key] for m in step_metrics]))
+    return out
+
+
+async def _iteration(setup: RLSetup, sampling: SamplingParams, order: DataOrder, history: History):
+    """One RL iteration; returns (metrics row, new order, new history, episodes with extras)."""
+    cfg, rl = setup.cfg, setup.cfg.rl
+    timings = Counter()
+    t_iter = time.perf_counter()
+    problems, order = next_problems(setup.pool, rl.problems_per_iteration, order, cfg.seed)
+    groups: list[list[Episode]] = []
+    rewards: list[list[float]] = []
+    result = None
+    rounds = 0
+    while True:
+        eps, secs = await collect_episodes(
+            [t for t in problems for _ in range(rl.group_size)],
+            setup.make_env,
+            setup.backend.engine,
+            setup.tokenizer,
+            sampling,
+            cfg.agent,
+            concurrency=cfg.env.max_parallel,
+        )
+        timings["time_rollout_s"] += secs
+        timings["time_grading_s"] += sum(e.grading_s for e in eps)  # summed over parallel episodes
+        new_groups = _group(eps, rl.group_size)
+        groups += new_groups
+        for grp in new_groups:
+            rewards.append(
+                shaped_rewards(
+                    np.array([e.resolved for e in grp]),
+                    np.array([e.num_turns for e in grp]),
+                    threshold=rl.turn_penalty_threshold,
+                    max_turns=cfg.agent.max_turns,
+                ).tolist()
+            )
+        result = compute_group_advantages(rewards, [[e.infra_error is not None for e in g] for g in groups])
+        missing = rl.problems_per_iteration - result.groups_kept
+        if not rl.resample_to_fill or missing <= 0 or rounds >= rl.max_resample_rounds:
+            break
+        rounds += 1
+        problems, order = next_problems(setup.pool, missing, order, cfg.seed)
+    kept = list(result.kept)
+    # DAPO's dynamic sampling trains on at most P informative groups.
+    excess = [i for i, k in enumerate(kept) if k][rl.problems_per_iteration :]
+    for i in excess:
+        kept[i] = False
+    all_eps = [e for g in groups for e in g]
+    t0 = time.perf_counter()
+    train = _train_on(setup, groups, result.advantages, kept)
+    timings["time_train_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    export_dir = setup.stage_dir / "weights"
+    await setup.backend.sync_weights(setup.trainer.params, export_dir)
+    timings["time_weight_sync_s"] = time.perf_counter() - t0
+    history = record_outcomes(
+        history,
+        {g[0].task_id: [e.resolved for e in g if e.infra_error is None] for g in groups},
+    )
+    generated = sum(e.num_generated for e in all_eps)
+    flat_rewards = [r for g, rg in zip(groups, rewards, strict=True) for e, r in zip(g, rg, strict=True)
+                    if e.infra_error is None]  # fmt: skip
+    row = {
+        "reward_mean": float(np.mean(flat_rewards)) if flat_rewards else 0.0,
+        **_episode_stats(all_eps),
+        **advantage_stats(result),
+        "groups_total": len(groups),
+        "groups_kept": sum(kept),
+        "resample_rounds": rounds,
+        "infra_failures": result.infra_failures,
+        "tokens_generated": generated,
+        "tokens_per_s": generated / max(timings["time_rollout_s"], 1e-9),
+        **train,
+        **timings,
+        "time_iteration_s": time.perf_counter() - t_iter,
+    }
+    extras = []
+    for rg, ag, keep in zip(rewards, result.advantages, kept, strict=True):
+        extras += [{"reward": r, "advantage": a, "group_kept": keep} for r, a in zip(rg, ag, strict=True)]
+    return row, order, history, all_eps, extras
+
+
+def run_rl(setup: RLSetup, *, resume: bool, history: History | None = None) -> dict[str, Any]:
+    """Run (or resume) the configured number of iterations; return the stage summary."""
+    cfg, stage_dir = setup.cfg, setup.stage_dir
+    ckpts = Checkpoints(stage_dir / "checkpoints", max_to_keep=2)
+    history = dict(history or {})
+    order = DataOrder()
+    start = 0
+    last_row = None
+    if ckpts.steps() and not resume:
+        raise UserError(f"{stage_dir}: holds RL checkpoints already; pass --resume or use a new --run-dir")
+    if resume:
+        restored = ckpts.restore_latest(setup.trainer.state())
+        if restored is not None:
+            start, items, meta = restored
+            setup.trainer.load_state(items)
+            history = {k: list(v) for k, v in meta["history"].items()}
+            order = DataOrder.from_json(meta["data_order"])
+            last_row = meta.get("metrics_row")
+            print(f"jaxswe: resuming RL from iteration {start} ({ckpts.directory / str(start)})")
+    metrics = MetricsLogger(stage_dir, start_step=start + 1)
+    if last_row is not None and not any(r["step"] == start for r in read_rows(metrics.path)):
+        metrics.log(start, last_row)  # killed after the checkpoint committed, before the row
+    sampling = rl_sampling(cfg, setup.stop_token_ids)
+
+    async def loop() -> None:
+        nonlocal order, history
+        if start > 0:
+            await setup.backend.sync_weights(setup.trainer.params, stage_dir / "weights")
+        bar = tqdm(range(start, cfg.rl.iterations), desc="rl", initial=start, total=cfg.rl.iterations)
+        for it in bar:
+            row, order, history, eps, extras = await _iteration(setup, sampling, order, history)
+            step = it + 1
+            save_episodes(stage_dir / "trajectories" / f"iter_{step:04d}.jsonl", eps, extras)
+            meta = {
+                "iteration": step,
+                "seed": cfg.seed,
+                "rng": [cfg.seed, step],
+                "data_order": order.to_json(),
+                "history": history,
+                "metrics_row": row,
+            }
+            ckpts.save(step, setup.trainer.state(), meta)
+            write_json(stage_dir / "history.json", history)
+            metrics.log(step, row)
+            bar.set_postfix(reward=f"{row['reward_mean']:.2f}", passed=f"{row['pass_rate']:.2f}")
+
+    run_phase(setup.backend, loop())
+    metrics.close()
+    ckpts.close()
+    plot_metrics(metrics.path, stage_dir / "plots" / "rl_curves.png", title=f"{cfg.name}: RL")
+    rows = read_rows(metrics.path)
+    return {
+        "name": "rl",
+        "iterations": len(rows),
+        "final_pass_rate": rows[-1]["pass_rate"] if rows else None,
+        "checkpoint": str(ckpts.directory),
+    }

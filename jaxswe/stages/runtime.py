@@ -1,0 +1,166 @@
+"""Building what a stage runs with from its config: policy weights, tokenizer, rollout backend,
+task pool and environment factory. Every check that can fail on user input runs here, before any
+work starts, and fails with one UserError naming what is wrong."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from jaxswe.config import RunConfig
+from jaxswe.errors import UserError
+from jaxswe.run.checkpoint import Checkpoints, find_checkpoint_dir
+from jaxswe.stages.rollouts import Backend, EmbeddedBackend, EnvFactory, HttpBackend
+from jaxswe.stages.stage_io import read_json, write_json
+
+MODEL_FILE = "model.json"  # in every stage dir: the model's HF config and its tokenizer dir
+
+
+@dataclass
+class Policy:
+    """The model a stage starts from."""
+
+    model_cfg: Any
+    params: Any
+    tokenizer_dir: str
+
+
+def model_knobs(cfg: RunConfig) -> dict[str, Any]:
+    """Runtime fields of Qwen2Config that come from the config's model section."""
+    m = cfg.model
+    return {
+        "dtype": m.dtype,
+        "param_dtype": m.param_dtype,
+        "remat": m.remat,
+        "attention": m.attention,
+        "attention_block": m.attention_block,
+        "logprob_chunk": m.logprob_chunk,
+    }
+
+
+def write_model_file(stage_dir: Path, policy: Policy) -> None:
+    write_json(
+        stage_dir / MODEL_FILE,
+        {"hf_config": policy.model_cfg.to_hf_dict(), "tokenizer": str(Path(policy.tokenizer_dir).absolute())},
+    )
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        raise UserError(f"{path}: no tokenizer found (tokenizer.json); set model.tokenizer")
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def policy_from_checkpoint(cfg: RunConfig, source: str | Path) -> Policy:
+    """Params of the newest readable checkpoint of a stage dir (or its checkpoints/)."""
+    from jaxswe.model.config import Qwen2Config
+    from jaxswe.model.params import init_params
+
+    ckpt_dir = find_checkpoint_dir(source)
+    model_file = ckpt_dir.parent / MODEL_FILE
+    if not model_file.is_file():
+        raise UserError(f"{ckpt_dir.parent}: no {MODEL_FILE} next to the checkpoints; not a jaxswe stage dir")
+    meta = read_json(model_file)
+    model_cfg = Qwen2Config.from_hf_dict(meta["hf_config"], **model_knobs(cfg))
+    abstract = jax.eval_shape(lambda: init_params(model_cfg, jax.random.key(0)))
+    restored = Checkpoints(ckpt_dir, max_to_keep=None).restore_latest({"params": abstract})
+    if restored is None:
+        raise UserError(f"{ckpt_dir}: no readable checkpoint")
+    _, items, _ = restored
+    return Policy(model_cfg, items["params"], meta["tokenizer"])
+
+
+def resolve_policy(cfg: RunConfig, init_from: str | None = None) -> Policy:
+    """The starting weights: a stage checkpoint (`init_from`), a Hugging Face dir (`model.path`),
+    or a random init of `model.preset`."""
+    init_from = init_from or cfg.init_from
+    if init_from:
+        return policy_from_checkpoint(cfg, init_from)
+    m = cfg.model
+    if m.path:
+        from jaxswe.model.hf_io import load_hf
+
+        path = Path(m.path)
+        if not (path / "config.json").is_file():
+            raise UserError(f"model.path {path}: not a Hugging Face model directory (no config.json)")
+        tok = m.tokenizer or m.path
+        load_tokenizer(tok)
+        model_cfg, params = load_hf(path, **model_knobs(cfg))
+        return Policy(model_cfg, params, tok)
+    if m.preset:
+        from jaxswe.model.config import get_preset
+        from jaxswe.model.params import init_params
+
+        if not m.tokenizer:
+            raise UserError("model.preset needs model.tokenizer (a tokenizer directory)")
+        tokenizer = load_tokenizer(m.tokenizer)
+        model_cfg = get_preset(m.preset, **model_knobs(cfg))
+        if len(tokenizer) > model_cfg.vocab_size:
+            model_cfg = model_cfg.replace(vocab_size=-(-len(tokenizer) // 64) * 64)
+        return Policy(model_cfg, init_params(model_cfg, jax.random.key(m.seed)), m.tokenizer)
+    raise UserError("no model: set model.path, model.preset or init_from")
+
+
+def check_servers(cfg: RunConfig) -> None:
+    """Fail now, with one message, when no configured rollout server answers /health."""
+    from jaxswe.rollout.client import RolloutClient
+
+    if not cfg.rollout.urls:
+        raise UserError(f"rollout.engine {cfg.rollout.engine!r} needs rollout.urls")
+
+    async def probe() -> None:
+        client = RolloutClient(cfg.rollout.urls, timeout=10.0, max_retries=0)
+        try:
+            await client.check_health()
+        finally:
+            await client.close()
+
+    asyncio.run(probe())
+
+
+def make_backend(cfg: RunConfig, policy: Policy, *, allow_biased: bool = False) -> Backend:
+    """The rollout engine for this stage (embedded sampler, or HTTP servers already checked)."""
+    r = cfg.rollout
+    if r.engine == "embedded":
+        from jaxswe.rollout.engine import EmbeddedEngine
+        from jaxswe.rollout.sampler import Sampler
+
+        sampler = Sampler(
+            policy.model_cfg, policy.params, max_context=cfg.agent.max_context_tokens, seed=r.seed
+        )
+        return EmbeddedBackend(EmbeddedEngine(sampler, max_batch=r.max_batch), policy.model_cfg)
+    from jaxswe.rollout.client import RolloutClient
+
+    client = RolloutClient(
+        r.urls,
+        timeout=r.request_timeout_s,
+        max_retries=r.max_retries,
+        allow_biased_sampling=allow_biased or r.allow_biased_sampling,
+        seed=r.seed,
+    )
+    return HttpBackend(client, policy.model_cfg, policy.tokenizer_dir)
+
+
+def load_pool(path: str) -> list[Any]:
+    """Tasks of a task file (or "builtin"); an empty file is an error."""
+    from envs import load_tasks
+
+    tasks = load_tasks(path)
+    if not tasks:
+        raise UserError(f"task file {path}: holds no tasks")
+    return tasks
+
+
+def env_factory(cfg: RunConfig, tasks: list[Any]) -> EnvFactory:
+    """task id -> a fresh SWE environment for one episode."""
+    from jaxswe.agent.swe_env import SWEEnv
+
+    by_id = {t.instance_id: t for t in tasks}
+    return lambda task_id: SWEEnv.from_config(by_id[task_id], cfg)

@@ -1,0 +1,130 @@
+"""One entry point per stage (warmstart, rft, rl, eval) and the pipeline that chains them,
+handing each stage's Orbax checkpoint to the next."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jaxswe.config import RunConfig, dump_config
+from jaxswe.errors import UserError
+from jaxswe.stages.context import StageContext, check_inputs, ensure_backend, finish_stage, open_stage
+from jaxswe.stages.evaluate import run_eval_stage
+from jaxswe.stages.rft import run_rft
+from jaxswe.stages.rl import RLSetup, run_rl
+from jaxswe.stages.runtime import env_factory
+from jaxswe.stages.stage_io import load_history, read_json, write_json
+from jaxswe.stages.task_pool import filter_by_history
+from jaxswe.stages.trainer import Trainer
+from jaxswe.stages.warmstart import build_policy, run_warmstart
+
+STAGES = ("warmstart", "rft", "rl", "eval")
+
+
+def history_source(cfg: RunConfig, init_from: str | None) -> str | None:
+    """Where stage 2 reads the success history: rl.history_from, else the stage it starts from."""
+    return cfg.rl.history_from or init_from or cfg.init_from
+
+
+def run_rl_stage(ctx: StageContext, *, history_from: str | None, resume: bool) -> dict[str, Any]:
+    """RL in an opened stage; with rl.task_filter, the pool is filtered by the saved history."""
+    cfg, rl, stage_dir = ctx.cfg, ctx.cfg.rl, ctx.stage_dir
+    pool, counts = list(ctx.task_ids), None
+    if rl.task_filter == "solved_fraction":
+        if not history_from:
+            raise UserError(
+                "rl.task_filter solved_fraction needs rl.history_from (or init_from): a stage-1 RL dir"
+            )
+        history = load_history(history_from)
+        pool, counts = filter_by_history(
+            pool,
+            history,
+            drop_solved_fraction=rl.drop_solved_fraction,
+            drop_never_solved=rl.drop_never_solved,
+        )
+        print(f"jaxswe rl: task filter from {history_from}: {counts}")
+        write_json(stage_dir / "task_filter.json", {**counts, "source": str(history_from), "pool": pool})
+        if not pool:
+            raise UserError(f"the task filter from {history_from} leaves no task to train on")
+    trainer = Trainer(
+        ctx.policy.model_cfg, ctx.policy.params, cfg.optimizer, eps_low=rl.eps_low, eps_high=rl.eps_high
+    )
+    setup = RLSetup(
+        cfg=cfg,
+        stage_dir=stage_dir,
+        trainer=trainer,
+        backend=ensure_backend(ctx),
+        tokenizer=ctx.tokenizer,
+        make_env=ctx.make_env,
+        pool=pool,
+        stop_token_ids=(),
+    )
+    summary = run_rl(setup, resume=resume)
+    if counts is not None:
+        summary["task_filter"] = counts
+    return finish_stage(ctx, summary)
+
+
+def run_stage(
+    name: str, cfg: RunConfig, stage_dir: Path, *, init_from: str | None, resume: bool
+) -> dict[str, Any]:
+    """Run one stage into `stage_dir`; return its summary (also written to summary.json)."""
+    stage_dir = Path(stage_dir)
+    if name == "warmstart":
+        tasks, _ = check_inputs(cfg)
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        policy = build_policy(cfg, stage_dir, tasks, env_factory(cfg, tasks))
+        ctx = open_stage(cfg, stage_dir, init_from=None, policy=policy)
+        summary, params = run_warmstart(ctx, resume=resume)
+        return finish_stage(ctx, summary, params)
+    if name == "rft":
+        ctx = open_stage(cfg, stage_dir, init_from=init_from)
+        summary, params = run_rft(ctx, resume=resume)
+        return finish_stage(ctx, summary, params)
+    if name == "rl":
+        source = history_source(cfg, init_from)
+        if cfg.rl.task_filter == "solved_fraction" and source:
+            load_history(source)  # fail before any work when it is missing
+        ctx = open_stage(cfg, stage_dir, init_from=init_from)
+        return run_rl_stage(ctx, history_from=source, resume=resume)
+    if name == "eval":
+        ctx = open_stage(cfg, stage_dir, init_from=init_from)
+        report = run_eval_stage(
+            cfg, stage_dir, ensure_backend(ctx), ctx.tokenizer, ctx.make_env, ctx.eval_ids
+        )
+        keys = ("pass_at_1", "pass_at_1_ci95", "num_tasks", "num_episodes", "ended_by", "mean_turns")
+        summary = {"name": "eval", **{k: report[k] for k in keys}}
+        summary.update({k: v for k, v in report.items() if k.startswith("pass_at_")})
+        return finish_stage(ctx, summary)
+    raise UserError(f"unknown stage {name!r}; choose one of {STAGES}")
+
+
+def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, Any]:
+    """Run cfg.stages in order, each in run_dir/<stage>, each starting from the previous one's
+    checkpoint; run_dir/summary.json lists {"name", "pass_at_1", ...} per stage in run order."""
+    run_dir = Path(run_dir)
+    if not cfg.stages:
+        raise UserError("config lists no stages")
+    if "warmstart" in cfg.stages[1:]:
+        raise UserError("warmstart can only be the first stage")
+    if cfg.stages[0] != "warmstart" and not (cfg.init_from or cfg.model.path or cfg.model.preset):
+        raise UserError("the first stage needs a model: init_from, model.path or model.preset")
+    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+        raise UserError(f"{run_dir} is not empty; pass --resume to continue it or choose a new --run-dir")
+    check_inputs(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir / "config.yaml")
+    summaries: list[dict[str, Any]] = []
+    previous = cfg.init_from
+    for name in cfg.stages:
+        stage_dir = run_dir / name
+        done = stage_dir / "summary.json"
+        if resume and done.is_file():
+            summary = read_json(done)
+        else:
+            summary = run_stage(name, cfg, stage_dir, init_from=previous, resume=resume)
+        summaries.append(summary)
+        write_json(run_dir / "summary.json", {"stages": summaries})
+        if name != "eval":
+            previous = str(stage_dir)
+    return {"stages": summaries}

@@ -1,0 +1,151 @@
+"""Warm start (CPU demo only): the stand-in for a pretrained base model.
+
+A tiny model has no skill, so the demo first builds a tokenizer on the tasks' own texts
+(prompts, problem statements, observations and gold commands), initializes a small Qwen2-shaped
+model, and trains it by SFT on scripted demonstrations: the gold patch of each task turned into
+scaffold commands (`gold_patch_to_commands`) and played through the real agent loop, so the
+tokens trained on are exactly the ones the agent produces and sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from jaxswe.config import RunConfig, SFTSection
+from jaxswe.errors import UserError
+from jaxswe.rollout.types import Generation, SamplingParams
+from jaxswe.run.checkpoint import Checkpoints
+from jaxswe.run.metrics import MetricsLogger
+from jaxswe.stages.context import check_inputs
+from jaxswe.stages.episodes import Episode, from_trajectory, save_episodes
+from jaxswe.stages.runtime import Policy, model_knobs
+from jaxswe.stages.sft import run_sft
+from jaxswe.stages.trainer import Trainer
+
+
+def scripted_replies(task: Any) -> list[str]:
+    """The assistant replies of the gold-command policy: each gold command, then submit."""
+    from jaxswe.agent.demos import command_reply, gold_patch_to_commands
+
+    return [command_reply(c) for c in gold_patch_to_commands(task.patch)] + [command_reply("submit")]
+
+
+class ScriptedEngine:
+    """An Engine that answers each call with the next scripted reply (log-prob 0)."""
+
+    def __init__(self, replies: list[str], tokenizer: Any):
+        self._replies = list(replies)
+        self._tokenizer = tokenizer
+
+    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+        text = self._replies.pop(0) if self._replies else "```\nsubmit\n```"
+        ids = self._tokenizer.encode(text, add_special_tokens=False) + [self._tokenizer.eos_token_id]
+        return Generation(output_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")
+
+
+def corpus_texts(cfg: RunConfig, tasks: list[Any], make_env: Any) -> list[str]:
+    """Texts the demo tokenizer learns from: every message of a scripted text-level episode."""
+    texts = []
+    for task in tasks:
+        env = make_env(task.instance_id)
+        try:
+            texts += [env.system_prompt, env.reset()]
+            for reply in scripted_replies(task):
+                step = env.step(reply)
+                texts += [reply, step.observation]
+                if step.done:
+                    break
+        finally:
+            env.close()
+    return texts
+
+
+async def scripted_episodes(cfg: RunConfig, tasks: list[Any], make_env: Any, tokenizer: Any) -> list[Episode]:
+    """The gold-command policy through the real agent loop: token-exact demonstrations."""
+    from jaxswe.agent.loop import run_episode
+
+    sem = asyncio.Semaphore(cfg.env.max_parallel)
+
+    async def one(task: Any) -> Episode:
+        async with sem:
+            traj = await run_episode(
+                make_env(task.instance_id),
+                ScriptedEngine(scripted_replies(task), tokenizer),
+                tokenizer,
+                # scripted replies are not sampled: only the context bounds their length
+                sampling=SamplingParams(max_new_tokens=cfg.agent.max_context_tokens),
+                max_turns=cfg.agent.max_turns,
+                max_context_tokens=cfg.agent.max_context_tokens,
+            )
+        return from_trajectory(task.instance_id, traj)
+
+    return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+
+def build_policy(cfg: RunConfig, stage_dir: Path, tasks: list[Any], make_env: Any) -> Policy:
+    """Tokenizer (built here unless model.tokenizer is set) and a random model of model.preset."""
+    from jaxswe.model.config import get_preset
+    from jaxswe.model.params import init_params
+    from jaxswe.stages.runtime import load_tokenizer
+    from jaxswe.tokenizer import build_tokenizer
+
+    if not cfg.model.preset:
+        raise UserError("the warmstart stage needs model.preset (it trains a model from scratch)")
+    tok_dir = cfg.model.tokenizer
+    if not tok_dir:
+        tok_dir = str(stage_dir / "tokenizer")
+        if not (Path(tok_dir) / "tokenizer.json").is_file():
+            texts = corpus_texts(cfg, tasks, make_env)
+            build_tokenizer(texts, cfg.warmstart.vocab_size, tok_dir)
+    tokenizer = load_tokenizer(tok_dir)
+    vocab = -(-len(tokenizer) // 64) * 64
+    model_cfg = get_preset(
+        cfg.model.preset, **{**model_knobs(cfg), "vocab_size": vocab, **cfg.warmstart.model_overrides}
+    )
+    return Policy(model_cfg, init_params(model_cfg, jax.random.key(cfg.model.seed)), tok_dir)
+
+
+def run_warmstart(ctx: Any, *, resume: bool) -> tuple[dict[str, Any], Any]:
+    """SFT on demonstrations; returns the stage summary and the trained params."""
+    cfg, stage_dir = ctx.cfg, ctx.stage_dir
+    ws = cfg.warmstart
+    opt = cfg.optimizer.model_copy(update={"lr": ws.lr, "schedule": "constant", "warmup_steps": 0})
+    trainer = Trainer(ctx.policy.model_cfg, ctx.policy.params, opt)
+    ckpts = Checkpoints(stage_dir / "checkpoints", max_to_keep=1)
+    if resume:
+        restored = ckpts.restore_latest(trainer.state())
+        if restored is not None:
+            _, items, meta = restored
+            trainer.load_state(items)
+            return dict(meta["summary"]), trainer.params
+    tasks = [t for t in check_inputs(cfg)[0] if t.instance_id in set(ctx.task_ids)]
+    demos = asyncio.run(scripted_episodes(cfg, tasks, ctx.make_env, ctx.tokenizer))
+    save_episodes(stage_dir / "trajectories" / "demonstrations.jsonl", demos)
+    good = [e for e in demos if e.resolved]
+    print(f"jaxswe warmstart: {len(good)}/{len(demos)} scripted demonstrations resolve their task")
+    if not good:
+        first = demos[0]
+        raise UserError(
+            f"no scripted demonstration resolved its task (e.g. {first.task_id}: ended by {first.ended_by}, "
+            f"{first.infra_error or 'not resolved'}); check the task suite and agent.max_turns"
+        )
+    sft = SFTSection(epochs=1e9, batch_size=ws.batch_size, max_steps=ws.steps, seq_len=cfg.sft.seq_len)
+    metrics = MetricsLogger(stage_dir)
+    rows = run_sft(trainer, [e.sft_sequence() for e in good], sft, metrics, seed=cfg.seed, desc="warmstart")
+    metrics.close()
+    summary = {
+        "name": "warmstart",
+        "note": "stand-in for a pretrained base model: SFT on scripted gold-command demonstrations",
+        "demonstrations": len(good),
+        "demo_tokens_mean": sum(len(e.input_ids) for e in good) / len(good),
+        "sft_steps": len(rows),
+        "final_loss": rows[-1]["loss"],
+        "checkpoint": str(ckpts.directory),
+    }
+    ckpts.save(1, trainer.state(), {"stage": "warmstart", "summary": summary})
+    ckpts.close()
+    return summary, trainer.params

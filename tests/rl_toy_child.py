@@ -1,0 +1,64 @@
+"""Child process of the resume tests: RL on the toy env through `run_rl` (as `jaxswe rl` runs it).
+
+usage: python rl_toy_child.py RUN_DIR ITERATIONS [--resume] [--kill-in-save STEP]
+With --kill-in-save, the process SIGKILLs itself while checkpoint STEP is being written.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import jax  # noqa: E402
+
+jax.config.update("jax_compilation_cache_dir", os.environ["JAXSWE_TEST_CACHE"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+from rl_toy_helpers import toy_config, toy_env_factory, toy_policy  # noqa: E402
+
+from jaxswe.rollout.engine import EmbeddedEngine  # noqa: E402
+from jaxswe.rollout.sampler import Sampler  # noqa: E402
+from jaxswe.run import checkpoint as ckpt_mod  # noqa: E402
+from jaxswe.stages.rl import RLSetup, run_rl  # noqa: E402
+from jaxswe.stages.rollouts import EmbeddedBackend  # noqa: E402
+from jaxswe.stages.trainer import Trainer  # noqa: E402
+
+
+def main() -> None:
+    run_dir, iterations = Path(sys.argv[1]), int(sys.argv[2])
+    resume = "--resume" in sys.argv
+    if "--kill-in-save" in sys.argv:
+        kill_step = int(sys.argv[sys.argv.index("--kill-in-save") + 1])
+        real_save = ckpt_mod.Checkpoints.save
+
+        def dying_save(self, step, items, meta):
+            if step == kill_step:
+                threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+                real_save(self, step, items, meta)
+                time.sleep(60)  # the save finished first: die before anything after it runs
+            real_save(self, step, items, meta)
+
+        ckpt_mod.Checkpoints.save = dying_save
+    cfg = toy_config(rl={"iterations": iterations})
+    policy, tok = toy_policy(run_dir.parent / "policy", 2)
+    sampler = Sampler(
+        policy.model_cfg, policy.params, max_context=128, min_batch_bucket=64, min_prompt_bucket=128
+    )
+    setup = RLSetup(
+        cfg=cfg,
+        stage_dir=run_dir,
+        trainer=Trainer(policy.model_cfg, policy.params, cfg.optimizer),
+        backend=EmbeddedBackend(EmbeddedEngine(sampler, max_batch=64), policy.model_cfg),
+        tokenizer=tok,
+        make_env=toy_env_factory(0, 2),
+        pool=[f"toy-{i}" for i in range(8)],
+    )
+    run_rl(setup, resume=resume)
+
+
+if __name__ == "__main__":
+    main()

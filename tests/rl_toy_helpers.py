@@ -1,0 +1,96 @@
+"""Shared by the RL tests: a word-level ChatML tokenizer for the toy env and a tiny RL setup."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from envs.toy import ToyEnv
+from jaxswe.tokenizer import CHATML_TEMPLATE, SPECIAL_TOKENS
+
+
+def toy_tokenizer(num_values: int, out_dir: Path | None = None) -> PreTrainedTokenizerFast:
+    """A word-level ChatML tokenizer over the toy game's words (anything else is [UNK]).
+
+    `submit 2` is two tokens and the observation `key 2` holds the same digit token, so
+    answering with the key seen is a copy, which attention with tied embeddings learns easily.
+    """
+    words = ["[UNK]", "look", "submit", "key", *(str(i) for i in range(num_values)), "correct", "wrong"]
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *words])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="[UNK]",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    tok.chat_template = CHATML_TEMPLATE
+    if out_dir is not None:
+        tok.save_pretrained(str(out_dir))
+    return tok
+
+
+def toy_env_factory(seed: int, num_values: int):
+    """task id -> a fresh ToyEnv; seeds follow the call order, so runs are reproducible. Invalid
+    replies never end the episode early (the turn limit does), so they count as failures, not infra errors."""
+    seeds = itertools.count(seed * 1_000_003)
+    return lambda task_id: ToyEnv(next(seeds), num_values, max_format_errors=100)
+
+
+def toy_config(**sections):
+    """A RunConfig for RL on the toy env: at most two sampled tokens per turn, tiny batches."""
+    from jaxswe.config import config_from_dict
+
+    base = {
+        "seed": 0,
+        "optimizer": {"lr": 5e-3, "weight_decay": 0.0},
+        "rollout": {"max_new_tokens": 2, "max_batch": 64},
+        "agent": {"max_turns": 5, "max_context_tokens": 128},
+        "env": {"max_parallel": 64},
+        "sft": {"batch_size": 8, "seq_len": 128, "max_steps": 2},
+        "rl": {
+            "iterations": 2,
+            "problems_per_iteration": 8,
+            "group_size": 8,
+            "trajectories_per_step": 32,
+            "seq_len": 128,
+            "rows_per_step": 16,
+            "turn_penalty_threshold": 4,
+        },
+    }
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values} if isinstance(values, dict) else values
+    return config_from_dict(base)
+
+
+def toy_policy(tmp_dir: Path, num_values: int, seed: int = 0):
+    """A random tiny Qwen2 over the toy tokenizer (saved under tmp_dir/tokenizer)."""
+    import jax
+
+    from jaxswe.model.config import get_preset
+    from jaxswe.model.params import init_params
+    from jaxswe.stages.runtime import Policy
+
+    tok = toy_tokenizer(num_values, tmp_dir / "tokenizer")
+    model_cfg = get_preset("tiny", vocab_size=len(tok), attention="dense")
+    return Policy(model_cfg, init_params(model_cfg, jax.random.key(seed)), str(tmp_dir / "tokenizer")), tok
+
+
+def toy_context(
+    cfg, stage_dir: Path, policy, tokenizer, num_values: int, *, num_tasks: int = 8, seed: int = 0
+):
+    """An opened stage on the toy env (what `open_stage` builds for SWE tasks)."""
+    from jaxswe.stages.context import StageContext
+    from jaxswe.stages.runtime import write_model_file
+    from jaxswe.stages.stage_io import prepare_stage_dir
+
+    prepare_stage_dir(stage_dir, cfg)
+    write_model_file(stage_dir, policy)
+    ids = [f"toy-{i}" for i in range(num_tasks)]
+    return StageContext(cfg, stage_dir, policy, tokenizer, ids, ids, toy_env_factory(seed, num_values))

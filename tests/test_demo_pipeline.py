@@ -1,0 +1,48 @@
+"""`jaxswe pipeline --config configs/demo-cpu.yaml` end to end, shrunk to 2 tasks, a few steps and
+one RL iteration: every stage runs in order, hands its checkpoint on, and writes its artifacts."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jaxswe.cli import main
+
+CONFIG = Path(__file__).parents[1] / "configs" / "demo-cpu.yaml"
+SHRINK = [
+    "task_subset=[builtin__roman-1,builtin__stack-1]",
+    "warmstart.steps=2",
+    "rft.samples_per_task=1",
+    "rl.iterations=1",
+    "rl.problems_per_iteration=2",
+    "rl.group_size=2",
+    "eval.samples_per_task=1",
+    "eval.pass_at_k=[1]",
+    "rollout.max_new_tokens=32",
+    "agent.max_turns=3",
+    "rl.turn_penalty_threshold=1",
+]
+
+
+@pytest.mark.slow
+def test_demo_pipeline_shrunk(tmp_path):
+    run_dir = tmp_path / "demo"
+    argv = ["pipeline", "--config", str(CONFIG), "--run-dir", str(run_dir)]
+    for s in SHRINK:
+        argv += ["--set", s]
+    main(argv)  # raises SystemExit on error
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [s["name"] for s in summary["stages"]] == ["warmstart", "rft", "rl", "eval"]
+    assert all(0.0 <= s["pass_at_1"] <= 1.0 for s in summary["stages"])
+    for stage in ("warmstart", "rft", "rl", "eval"):
+        d = run_dir / stage
+        for name in ("config.yaml", "metrics.jsonl", "summary.json", "model.json"):
+            assert (d / name).is_file(), (stage, name)
+        assert list(d.glob("plots/*.png")) and list(d.glob("trajectories/*.jsonl"))
+        assert list(d.rglob("events.out.tfevents.*"))
+    for stage in ("warmstart", "rft", "rl"):
+        assert any(p.name.isdigit() for p in (run_dir / stage / "checkpoints").iterdir())
+    # each stage started from the previous one: all name the tokenizer the warm start built
+    tok = json.loads((run_dir / "warmstart" / "model.json").read_text())["tokenizer"]
+    assert json.loads((run_dir / "rl" / "model.json").read_text())["tokenizer"] == tok
+    assert json.loads((run_dir / "warmstart" / "summary.json").read_text())["demonstrations"] == 2

@@ -1,0 +1,62 @@
+"""RFT -> RL stage 1 -> RL stage 2 through Orbax checkpoints, on the toy env (same stage code as
+`jaxswe rft` / `jaxswe rl`), with stage 2's task filter applied from stage 1's saved history."""
+
+import json
+
+import jax
+import numpy as np
+from rl_toy_helpers import toy_config, toy_context, toy_policy
+
+from jaxswe.run.metrics import read_rows
+from jaxswe.stages.episodes import load_episodes
+from jaxswe.stages.rft import run_rft
+from jaxswe.stages.runtime import policy_from_checkpoint
+from jaxswe.stages.stage_io import load_history
+from jaxswe.stages.stages import run_rl_stage
+from jaxswe.stages.task_pool import filter_by_history
+
+NV = 2
+
+
+def _same(a, b):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(
+        np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb, strict=True)
+    )
+
+
+def test_rft_rl_stage2_handoff(tmp_path):
+    cfg = toy_config(rft={"samples_per_task": 4}, rl={"iterations": 1})
+    policy, tok = toy_policy(tmp_path, NV)
+
+    # RFT from the random policy: sample, keep resolved, SFT, checkpoint.
+    rft_summary, rft_params = run_rft(toy_context(cfg, tmp_path / "rft", policy, tok, NV), resume=False)
+    samples = load_episodes(tmp_path / "rft" / "trajectories" / "samples.jsonl")
+    assert len(samples) == 8 * 4
+    assert rft_summary["tasks_with_success"] == len({e.task_id for e in samples if e.resolved})
+    assert rft_summary["trajectories_kept"] == sum(e.resolved for e in samples)
+
+    # RL stage 1 starts from the RFT checkpoint.
+    p1 = policy_from_checkpoint(cfg, tmp_path / "rft")
+    assert _same(p1.params, rft_params)
+    s1 = run_rl_stage(
+        toy_context(cfg, tmp_path / "rl1", p1, tok, NV, seed=1), history_from=None, resume=False
+    )
+    assert s1["iterations"] == 1
+    history = load_history(tmp_path / "rl1")
+    assert sum(len(v) for v in history.values()) == len(
+        read_rows(tmp_path / "rl1" / "metrics.jsonl")
+    ) * 64 - sum(r["infra_failures"] for r in read_rows(tmp_path / "rl1" / "metrics.jsonl"))
+
+    # RL stage 2: own config, stage-1 checkpoint, filtered pool from stage 1's history.
+    cfg2 = toy_config(rl={"iterations": 1, "task_filter": "solved_fraction", "drop_never_solved": False})
+    p2 = policy_from_checkpoint(cfg2, tmp_path / "rl1")
+    ctx2 = toy_context(cfg2, tmp_path / "rl2", p2, tok, NV, seed=2)
+    expected, counts = filter_by_history(ctx2.task_ids, history, drop_never_solved=False)
+    s2 = run_rl_stage(ctx2, history_from=str(tmp_path / "rl1"), resume=False)
+    saved = json.loads((tmp_path / "rl2" / "task_filter.json").read_text())
+    assert saved["pool"] == expected and s2["task_filter"] == counts
+    trained_on = {e.task_id for e in load_episodes(tmp_path / "rl2" / "trajectories" / "iter_0001.jsonl")}
+    assert trained_on <= set(expected)
+    for d in ("rft", "rl1", "rl2"):
+        assert (tmp_path / d / "config.yaml").is_file() and (tmp_path / d / "model.json").is_file()

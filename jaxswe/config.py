@@ -75,6 +75,10 @@ class MeshSection(Section):
     context_attention: Literal["ring", "allgather"] = "ring"
     gpu_memory_gb: float = Field(141.0, gt=0)
     num_hosts: int = Field(1, gt=0)
+    devices_per_host: int = Field(8, gt=0)  # GPUs per host; `jaxswe plan` sizes -1 axes with it
+    memory_headroom: float = Field(0.1, ge=0, lt=1)  # fraction of GPU memory kept free by the planner
+    peak_tflops: float = Field(989.0, gt=0)  # dense bf16 peak per GPU (H200), for step-time estimates
+    mfu: float = Field(0.4, gt=0, le=1)  # assumed model FLOPs utilization for step-time estimates
 
 
 class RolloutSection(Section):
@@ -132,17 +136,21 @@ class SFTSection(Section):
 
 
 class WarmStartSection(Section):
-    """Stand-in for a pretrained base model in the CPU demo: SFT on scripted demonstrations."""
+    """Stand-in for a pretrained base model in the CPU demo: a tokenizer trained on the tasks' texts,
+    a small random model, and SFT on scripted gold-command demonstrations run through the agent loop."""
 
     steps: int = Field(200, gt=0)
     batch_size: int = Field(8, gt=0)
     lr: float = Field(3e-3, gt=0)
+    vocab_size: int = Field(1024, gt=0)  # tokenizer built when model.tokenizer is not set
+    model_overrides: dict[str, Any] = Field(default_factory=dict)  # Qwen2Config fields over model.preset
 
 
 class RFTSection(Section):
     """Rejection fine-tuning: sample N per task, keep resolved, SFT."""
 
     samples_per_task: int = Field(10, gt=0)
+    lr: float | None = Field(None, gt=0)  # SFT learning rate; defaults to optimizer.lr
 
 
 class RLSection(Section):
@@ -164,6 +172,7 @@ class RLSection(Section):
     tis_correction: bool = False  # truncated importance sampling for rollout/trainer gap
     tis_cap: float = Field(2.0, gt=0)
     seq_len: int = Field(65536, gt=0)
+    rows_per_step: int | None = Field(None, gt=0)  # fixed [rows, seq_len] per optimizer step (one compile)
 
 
 class EvalSection(Section):
@@ -172,6 +181,8 @@ class EvalSection(Section):
     samples_per_task: int = Field(1, gt=0)
     pass_at_k: list[int] = Field(default_factory=lambda: [1])
     temperature: float = Field(1.0, ge=0)
+    after_stage: bool = False  # also evaluate each training stage's final weights (its pass_at_1)
+    max_tasks: int | None = Field(None, gt=0)  # first N eval tasks only
 
 
 class RunConfig(Section):
@@ -180,6 +191,7 @@ class RunConfig(Section):
     name: str = "run"
     stages: list[Literal["warmstart", "rft", "rl", "eval"]] = Field(default_factory=lambda: ["eval"])
     init_from: str | None = None  # checkpoint or run dir the first stage starts from
+    task_subset: list[str] | None = None  # only these instance ids of env.tasks / env.eval_tasks
     seed: int = 0
     model: ModelSection = Field(default_factory=ModelSection)
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)

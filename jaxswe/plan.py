@@ -1,0 +1,145 @@
+"""`jaxswe plan`: per-GPU memory, FLOPs and step time of a config's training stage, before launch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from jaxswe.config import RunConfig, load_config
+from jaxswe.errors import UserError
+from jaxswe.model.config import PRESETS as MODEL_PRESETS
+from jaxswe.model.config import ModelConfigError, Qwen2Config, get_preset
+from jaxswe.model.hf_io import read_hf_config
+from sharding import ShardingError
+from sharding.mesh import resolve_axis_sizes
+from sharding.planner import ModelShape, Plan, PlanInput, plan
+
+
+class PlanError(UserError):
+    """A config the planner cannot size (model shape unknown, mesh or batch that does not split)."""
+
+
+def model_config_of(cfg: RunConfig) -> tuple[Qwen2Config, str]:
+    """The model's shape: config.json under model.path if present, else model.preset, else the
+    preset whose name starts the path's last component (e.g. .../Qwen2.5-72B-Instruct)."""
+    path = Path(cfg.model.path) if cfg.model.path else None
+    if path is not None and (path / "config.json").is_file():
+        return read_hf_config(path), str(path / "config.json")
+    name = cfg.model.preset
+    if name is None and path is not None:
+        matches = [p for p in MODEL_PRESETS if path.name.lower().startswith(p)]
+        name = max(matches, key=len) if matches else None
+    if name is None:
+        raise PlanError(f"model.path {cfg.model.path!r} has no config.json here and no model.preset is set")
+    try:
+        return get_preset(name), f"preset {name}"
+    except ModelConfigError as err:
+        raise PlanError(str(err)) from None
+
+
+def plan_input(cfg: RunConfig, stage: str | None = None) -> tuple[PlanInput, str]:
+    """The PlanInput of a config's training stage (rl if present, else rft/warmstart; or `stage`)."""
+    mc, source = model_config_of(cfg)
+    stage = stage or ("rl" if "rl" in cfg.stages else "rft")
+    if stage not in ("rl", "rft"):
+        raise PlanError(f"stage {stage!r}: plan sizes a training stage, 'rl' or 'rft'")
+    seq_len, rows = (
+        (cfg.rl.seq_len, cfg.rl.trajectories_per_step)
+        if stage == "rl"
+        else (cfg.sft.seq_len, cfg.sft.batch_size)
+    )
+    m = cfg.mesh
+    try:
+        sizes = resolve_axis_sizes(m.axes, m.num_hosts * m.devices_per_host)
+    except ShardingError as err:
+        raise PlanError(str(err)) from None
+    shape = ModelShape(
+        vocab=mc.vocab_size,
+        hidden=mc.hidden_size,
+        intermediate=mc.intermediate_size,
+        layers=mc.num_layers,
+        heads=mc.num_heads,
+        kv_heads=mc.num_kv_heads,
+        head_dim=mc.head_dim,
+        tie=mc.tie_word_embeddings,
+    )
+    inp = PlanInput(
+        model=shape,
+        mesh=sizes,
+        seq_len=seq_len,
+        rows=rows,
+        num_micro=cfg.optimizer.micro_batches,
+        remat=cfg.model.remat,
+        param_dtype=cfg.model.param_dtype,
+        compute_dtype=cfg.model.dtype,
+        rules=m.rules,
+        attention_block=cfg.model.attention_block,
+        logprob_chunk=cfg.model.logprob_chunk,
+        device_memory_bytes=int(m.gpu_memory_gb * 1e9),
+        headroom_fraction=m.memory_headroom,
+        peak_flops=m.peak_tflops * 1e12,
+        mfu=m.mfu,
+    )
+    return inp, f"{stage} stage, model from {source}"
+
+
+def plan_config(cfg: RunConfig, stage: str | None = None) -> tuple[Plan, PlanInput, str]:
+    inp, what = plan_input(cfg, stage)
+    try:
+        return plan(inp), inp, what
+    except ShardingError as err:
+        raise PlanError(str(err)) from None
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:8.2f} GB"
+
+
+def render(p: Plan, inp: PlanInput, what: str) -> str:
+    """The human table of a plan."""
+    mesh = " x ".join(f"{k} {v}" for k, v in inp.mesh.items() if v > 1) or "1 device"
+    lines = [
+        f"{what}: {p.params_total / 1e9:.2f}B params on {p.devices} GPUs ({mesh})",
+        f"step: {inp.rows} rows x {inp.seq_len} tokens, {inp.num_micro} micro-batches, "
+        f"{p.tokens_per_device} tokens per GPU per micro-batch, remat {inp.remat}",
+        "per GPU:",
+    ]
+    for k, v in p.per_device_bytes.items():
+        if k == "total":
+            continue
+        note = f"  (largest: {p.largest_transient})" if k == "transient" else ""
+        lines.append(f"  {k:<12}{_gb(v)}{note}")
+    lines += [
+        f"  {'total':<12}{_gb(p.per_device_bytes['total'])} of {_gb(p.usable_bytes).strip()} usable "
+        f"({_gb(p.device_memory_bytes).strip()} minus {inp.headroom_fraction:.0%} headroom)",
+        f"fits: {'yes' if p.fits else 'NO'} — {p.advice}",
+        f"FLOPs per step: {p.model_flops:.3e} model, {p.hardware_flops:.3e} with recompute; "
+        f"~{p.step_time_s:.0f} s per step at {p.mfu:.0%} MFU",
+    ]
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_cmd(
+        config: Path = typer.Option(..., "--config", help="run config YAML"),
+        overrides: list[str] = typer.Option([], "--set", help="section.key=value override (repeatable)"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+        stage: str | None = typer.Option(None, "--stage", help="rl or rft (default: the config's)"),
+    ) -> None:
+        """Per-GPU memory (params, grads, AdamW state, activations, transients) and FLOPs of a config."""
+        cfg = load_config(config, overrides)
+        p, inp, what = plan_config(cfg, stage)
+        if as_json:
+            out = p.to_json()
+            out["stage"], out["mesh"] = what, dict(inp.mesh)
+            typer.echo(json.dumps(out, sort_keys=True))
+        else:
+            typer.echo(render(p, inp, what))
+        if not p.fits:
+            raise typer.Exit(1)
+
+
+__all__ = ["PlanError", "model_config_of", "plan_config", "plan_input", "register", "render"]

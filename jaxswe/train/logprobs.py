@@ -1,0 +1,45 @@
+"""Per-token log-probs and entropies of packed rows, with optional context parallelism.
+
+With a context axis of size n > 1, the rows go through the model in zigzag order (so causal
+attention work is balanced over the devices that share a sequence) and the final hidden states
+are put back in the original order before the next-token log-probs are taken, so targets are
+always the true next tokens.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from jaxswe.model.config import Qwen2Config
+from jaxswe.model.logprobs import hidden_logprobs
+from jaxswe.model.transformer import forward
+from sharding import constrain, reorder_for_context, restore_order
+
+
+def policy_logprobs(
+    params,
+    config: Qwen2Config,
+    input_ids: jax.Array,
+    positions: jax.Array,
+    segment_ids: jax.Array,
+    *,
+    attention_fn=None,
+    context_n: int = 1,
+) -> tuple[jax.Array, jax.Array]:
+    """(log p(ids[t] | segment prefix), entropy), both float32 [B, T]; 0 at each segment's first
+    token and on padding (segment 0), like `jaxswe.model.token_logprobs`."""
+    chex.assert_rank([input_ids, positions, segment_ids], 2)
+    chex.assert_equal_shape([input_ids, positions, segment_ids])
+    zig = lambda x: reorder_for_context(x, context_n)
+    hidden = forward(
+        params, config, zig(input_ids), zig(positions), zig(segment_ids), attention_fn=attention_fn
+    )
+    hidden = constrain(restore_order(hidden, context_n), ("batch", "length", "act_embed"))
+    logp, entropy = hidden_logprobs(params, hidden, input_ids, config.logprob_chunk)
+    continues = jnp.concatenate(
+        [jnp.zeros_like(segment_ids[:, :1], bool), segment_ids[:, 1:] == segment_ids[:, :-1]], axis=1
+    )
+    keep = continues & (segment_ids != 0)
+    return jnp.where(keep, logp, 0.0), jnp.where(keep, entropy, 0.0)

@@ -1,0 +1,269 @@
+"""Jitted, sharded SFT and DAPO train steps and old-log-prob recomputation.
+
+A batch is a dict of [B, T] arrays: input_ids, positions, segment_ids (int32; 0 = padding, several
+trajectories may share a row, each its own segment), loss_mask (float32); DAPO adds old_logprobs
+and advantages (float32, per token). Every step:
+- runs under the mesh's logical-axis rules (params/opt state sharded by `train_state_shardings`,
+  rows over the `batch` axes, tokens over the `length` axes with context-parallel attention),
+- splits the batch into `num_micro` micro-batches accumulated in a scan (each micro-batch takes
+  an equal share of every device's rows, so no data moves),
+- normalizes the loss by the token count of the whole global batch, so the result is the same
+  for any micro-batching or device count,
+- donates the old state and returns (new_state, metrics): loss, grad_norm, lr, clip_fraction,
+  approx_kl, entropy (masked means), tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxswe.errors import UserError
+from jaxswe.losses import dapo_loss, sft_loss
+from jaxswe.model.config import Qwen2Config
+from jaxswe.optim import accumulate_gradients
+from jaxswe.train.logprobs import policy_logprobs
+from jaxswe.train.state import TrainState, train_state_shardings
+from sharding import context_size, make_context_attention, replicated, use_rules
+from sharding.logical import Rules, logical_to_spec
+
+SFT_KEYS = ("input_ids", "positions", "segment_ids", "loss_mask")
+DAPO_KEYS = SFT_KEYS + ("old_logprobs", "advantages")
+
+
+class TrainStepError(UserError):
+    """A batch or setting the train step cannot use (shape, key, micro-batch split)."""
+
+
+def batch_spec(rules: Rules) -> PartitionSpec:
+    """PartitionSpec of every [B, T] batch leaf."""
+    return logical_to_spec(("batch", "length"), rules)
+
+
+def _batch_shards(mesh: Mesh, rules: Rules) -> int:
+    entry = batch_spec(rules)[0]
+    axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def check_batch(
+    batch: dict[str, Any], keys: tuple[str, ...], *, num_micro: int, row_shards: int, token_shards: int
+) -> None:
+    """Raise TrainStepError naming the first problem with a batch's keys, shapes or divisibility."""
+    missing = [k for k in keys if k not in batch]
+    if missing:
+        raise TrainStepError(f"batch is missing {missing}; a batch needs {list(keys)}")
+    shape = tuple(batch["input_ids"].shape)
+    for k in keys:
+        if tuple(batch[k].shape) != shape or len(shape) != 2:
+            raise TrainStepError(
+                f"batch[{k!r}] has shape {tuple(batch[k].shape)}; every leaf must be [B, T] = {shape}"
+            )
+    b, t = shape
+    if b % (num_micro * row_shards):
+        raise TrainStepError(
+            f"batch of {b} rows cannot be split into {num_micro} micro-batches over {row_shards} row shards"
+        )
+    if t % (2 * token_shards) and token_shards > 1:
+        raise TrainStepError(f"row length {t} must be divisible by 2 x context size ({2 * token_shards})")
+
+
+def interleave_rows(batch: dict[str, jax.Array], num_micro: int, shards: int) -> dict[str, jax.Array]:
+    """Reorder rows so that contiguous micro-batch k holds rows k of every device's block.
+
+    Rows [D blocks of M*b] -> [M groups of D*b]: each micro-batch then draws equally from every
+    row shard and the split needs no communication. Row order does not change a summed loss.
+    """
+
+    def move(x):
+        b = x.shape[0] // (shards * num_micro)
+        x = x.reshape(shards, num_micro, b, *x.shape[1:]).swapaxes(0, 1)
+        return x.reshape(shards * num_micro * b, *x.shape[3:])
+
+    return jax.tree.map(move, batch)
+
+
+def _masked_mean(x_bt, mask_bt):
+    return jnp.sum(jnp.where(mask_bt > 0, x_bt, 0.0)) / jnp.maximum(jnp.sum(mask_bt), 1.0)
+
+
+class _Setup:
+    """What every step of one (model, mesh, rules) shares: shardings and the log-prob function."""
+
+    def __init__(
+        self, config: Qwen2Config, optimizer, mesh: Mesh, rules: Rules, num_micro: int, context_attention: str
+    ):
+        if num_micro < 1:
+            raise TrainStepError(f"num_micro must be >= 1, got {num_micro}")
+        self.config, self.mesh, self.rules, self.num_micro = config, mesh, rules, num_micro
+        self.context_n = context_size(mesh, rules)
+        self.row_shards = _batch_shards(mesh, rules)
+        # sharding's flash attention also without context parallelism: it keeps masks per block
+        # inside the layer scan (see sharding.flash), and shards batch/heads explicitly.
+        self.attention_fn = make_context_attention(
+            mesh, rules, context_attention, block=config.attention_block
+        )
+        self.state_sh = (
+            train_state_shardings(config, optimizer, mesh, rules) if optimizer is not None else None
+        )
+        self.batch_sh = NamedSharding(mesh, batch_spec(rules))
+
+    def logprobs(self, params, mb):
+        return policy_logprobs(
+            params,
+            self.config,
+            mb["input_ids"],
+            mb["positions"],
+            mb["segment_ids"],
+            attention_fn=self.attention_fn,
+            context_n=self.context_n,
+        )
+
+    def check(self, batch, keys, num_micro):
+        check_batch(batch, keys, num_micro=num_micro, row_shards=self.row_shards, token_shards=self.context_n)
+
+
+def _make_step(setup: _Setup, optimizer, keys, loss_of, lr_schedule) -> Callable:
+    def step(state: TrainState, batch: dict[str, jax.Array]):
+        with use_rules(setup.mesh, setup.rules):
+            batch = {k: batch[k] for k in keys}
+            num_tokens = jnp.sum(batch["loss_mask"].astype(jnp.float32))
+            micro = interleave_rows(batch, setup.num_micro, setup.row_shards)
+
+            def loss_fn(params, mb):
+                logp, entropy = setup.logprobs(params, mb)
+                loss, aux = loss_of(logp, mb, num_tokens)
+                aux = dict(aux, entropy=jax.lax.stop_gradient(_masked_mean(entropy, mb["loss_mask"])))
+                return loss, aux
+
+            loss, aux, grads = accumulate_gradients(loss_fn, state.params, micro, setup.num_micro)
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
+        metrics = {
+            "loss": loss,
+            "grad_norm": optax.tree.norm(grads),
+            "tokens": num_tokens,
+            "entropy": aux["entropy"],
+            "clip_fraction": aux.get("clip_fraction", jnp.zeros(())),
+            "approx_kl": aux.get("approx_kl", jnp.zeros(())),
+        }
+        if lr_schedule is not None:
+            metrics["lr"] = jnp.asarray(lr_schedule(state.step), jnp.float32)
+        return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
+
+    jitted = jax.jit(
+        step,
+        in_shardings=(setup.state_sh, {k: setup.batch_sh for k in keys}),
+        out_shardings=(setup.state_sh, replicated(setup.mesh)),
+        donate_argnums=(0,),
+    )
+
+    def checked(state: TrainState, batch: dict[str, jax.Array]):
+        setup.check(batch, keys, setup.num_micro)
+        return jitted(state, {k: batch[k] for k in keys})
+
+    checked.jitted = jitted
+    checked.state_shardings = setup.state_sh
+    checked.batch_sharding = setup.batch_sh
+    return checked
+
+
+def make_sft_step(
+    model_cfg: Qwen2Config,
+    optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    rules: Rules,
+    num_micro: int = 1,
+    *,
+    lr_schedule: optax.Schedule | None = None,
+    context_attention: str = "ring",
+) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
+    """step(state, batch) -> (state, metrics) minimizing the masked NLL of `loss_mask` tokens.
+
+    The returned function checks the batch, then calls the jitted step (`.jitted`); its
+    `.state_shardings` / `.batch_sharding` say where state and batch live.
+    """
+    setup = _Setup(model_cfg, optimizer, mesh, rules, num_micro, context_attention)
+
+    def loss_of(logp, mb, num_tokens):
+        return sft_loss(logp, mb["loss_mask"], num_tokens=num_tokens)
+
+    return _make_step(setup, optimizer, SFT_KEYS, loss_of, lr_schedule)
+
+
+def make_dapo_step(
+    model_cfg: Qwen2Config,
+    optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    rules: Rules,
+    num_micro: int = 1,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    lr_schedule: optax.Schedule | None = None,
+    context_attention: str = "ring",
+) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
+    """step(state, batch) -> (state, metrics) of the DAPO clipped objective (per-token advantages)."""
+    setup = _Setup(model_cfg, optimizer, mesh, rules, num_micro, context_attention)
+
+    def loss_of(logp, mb, num_tokens):
+        chex.assert_equal_shape([logp, mb["old_logprobs"], mb["advantages"]])
+        return dapo_loss(
+            logp,
+            mb["old_logprobs"],
+            mb["advantages"],
+            mb["loss_mask"],
+            eps_low=eps_low,
+            eps_high=eps_high,
+            num_tokens=num_tokens,
+        )
+
+    return _make_step(setup, optimizer, DAPO_KEYS, loss_of, lr_schedule)
+
+
+def make_compute_logprobs(
+    model_cfg: Qwen2Config,
+    mesh: Mesh,
+    rules: Rules,
+    num_micro: int = 1,
+    *,
+    params_shardings: Any = None,
+    context_attention: str = "ring",
+) -> Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, jax.Array]]:
+    """fn(params, batch) -> (logprobs, entropy) [B, T] float32, batch-sharded like the train steps.
+
+    Runs `num_micro` micro-batches one after another (lax.map) to bound activation memory; used to
+    recompute old log-probs before a DAPO update and to measure the rollout/trainer gap.
+    """
+    setup = _Setup(model_cfg, None, mesh, rules, num_micro, context_attention)
+    keys = ("input_ids", "positions", "segment_ids")
+
+    def run(params, batch):
+        with use_rules(mesh, rules):
+            b = batch["input_ids"].shape[0]
+            micro = interleave_rows(batch, num_micro, setup.row_shards)
+            micro = jax.tree.map(lambda x: x.reshape(num_micro, b // num_micro, *x.shape[1:]), micro)
+            logp, ent = jax.lax.map(lambda mb: setup.logprobs(params, mb), micro)
+            # undo the micro split and the row interleave
+            undo = lambda x: interleave_rows({"x": x.reshape(b, -1)}, setup.row_shards, num_micro)["x"]
+            return undo(logp), undo(ent)
+
+    jitted = jax.jit(
+        run,
+        in_shardings=(params_shardings, {k: setup.batch_sh for k in keys}),
+        out_shardings=(setup.batch_sh, setup.batch_sh),
+    )
+
+    def checked(params, batch):
+        setup.check(batch, keys, num_micro)
+        return jitted(params, {k: batch[k] for k in keys})
+
+    checked.jitted = jitted
+    return checked

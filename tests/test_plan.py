@@ -1,0 +1,164 @@
+"""Memory planner and `jaxswe plan`: exact param bytes, activation estimate vs XLA, real-scale configs."""
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding
+
+from jaxswe.cli import main
+from jaxswe.config import load_config
+from jaxswe.model import get_preset
+from jaxswe.model.params import param_logical_axes
+from jaxswe.plan import plan_config
+from jaxswe.train.logprobs import policy_logprobs
+from jaxswe.train.state import abstract_params
+from jaxswe.train.steps import batch_spec
+from sharding import (
+    ShardingError,
+    context_size,
+    make_context_attention,
+    make_mesh,
+    make_rules,
+    param_shardings,
+    use_rules,
+)
+from sharding.planner import ModelShape, PlanInput, plan
+
+CONFIGS = sorted(Path(__file__).parent.parent.glob("configs/qwen2.5-*/*.yaml"))
+QWEN72 = ModelShape(
+    vocab=152064, hidden=8192, intermediate=29568, layers=80, heads=64, kv_heads=8, head_dim=128, tie=False
+)
+
+
+def test_qwen72b_param_count_and_stage2_fits():
+    p = plan(
+        PlanInput(
+            QWEN72, {"data": 1, "fsdp": 16, "context": 8, "tensor": 1}, seq_len=131072, rows=256, num_micro=16
+        )
+    )
+    assert round(p.params_total / 1e9, 1) == 72.7
+    assert p.fits and p.per_device_bytes["total"] < 0.9 * 141e9
+    assert p.per_device_bytes["params"] == pytest.approx(72.7e9 * 4 / 128, rel=0.01)
+    assert p.tokens_per_device == 16384
+
+
+def test_plan_says_what_to_change_when_it_does_not_fit():
+    p = plan(PlanInput(QWEN72, {"data": 1, "fsdp": 8, "context": 1, "tensor": 1}, seq_len=131072, rows=8))
+    assert not p.fits and p.biggest == "activations" and "context" in p.advice
+    with pytest.raises(ShardingError, match="micro-batches"):
+        plan(PlanInput(QWEN72, {"fsdp": 16}, seq_len=1024, rows=24, num_micro=1))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_real_scale_configs_validate_and_fit(path):
+    cfg = load_config(path)
+    p, inp, _ = plan_config(cfg)
+    assert p.fits, f"{path}: {p.per_device_bytes} - {p.advice}"
+    hosts = 16 if "72b" in str(path) else 1
+    assert p.devices == 8 * hosts == cfg.mesh.num_hosts * cfg.mesh.devices_per_host
+    stage = "rl" if "rl" in cfg.stages else "rft"
+    assert inp.seq_len == {"rft": 65536, "rl-stage1": 65536, "rl-stage2": 131072}[path.stem]
+    if stage == "rl":
+        assert cfg.rollout.temperature == 1.0 and cfg.rollout.top_k == -1 and cfg.rollout.top_p == 1.0
+    if path.stem == "rl-stage2":
+        assert cfg.model.rope_scaling["factor"] == 4.0 and (cfg.rl.eps_low, cfg.rl.eps_high) == (0.2, 0.26)
+
+
+def test_plan_cli_json_and_errors(capsys, tmp_path):
+    main(["plan", "--config", "configs/qwen2.5-72b/rl-stage2.yaml", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] is True and round(out["params_total"] / 1e9, 1) == 72.7
+    assert set(out["per_device_bytes"]) >= {
+        "params",
+        "grads",
+        "optimizer",
+        "activations",
+        "transient",
+        "total",
+    }
+    assert out["device_memory_bytes"] == 141 * 10**9
+    # Too little memory: exit 1 and the table names the problem.
+    with pytest.raises(SystemExit) as ex:
+        main(["plan", "--config", "configs/qwen2.5-72b/rl-stage2.yaml", "--set", "mesh.gpu_memory_gb=20"])
+    assert ex.value.code == 1 and "fits: NO" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as ex:
+        main(
+            [
+                "plan",
+                "--config",
+                "configs/qwen2.5-72b/rl-stage2.yaml",
+                "--set",
+                "mesh.axes.fsdp=-1",
+                "--set",
+                "mesh.axes.context=3",
+            ]
+        )
+    assert ex.value.code == 2 and "does not divide" in capsys.readouterr().err
+    bad = tmp_path / "c.yaml"
+    bad.write_text("model: {path: /nowhere/mystery-model}\n")
+    with pytest.raises(SystemExit) as ex:
+        main(["plan", "--config", str(bad)])
+    assert ex.value.code == 2 and "no config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "remat, axes, rows",
+    [("full", {"fsdp": 2, "context": 4}, 4), ("save_projections", {"data": 2, "fsdp": 2, "tensor": 2}, 8)],
+)
+def test_activation_estimate_within_25_percent_of_xla(remat, axes, rows):
+    """Planner activations + largest transient vs XLA's temp buffers for the loss gradient."""
+    seq = 2048 if "tensor" in axes else 4096
+    cfg = get_preset(
+        "tiny",
+        hidden_size=128,
+        intermediate_size=512,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=2,
+        vocab_size=512,
+        dtype="float32",
+        remat=remat,
+        attention_block=128,
+        logprob_chunk=256,
+        tie_word_embeddings=False,
+    )
+    mesh, rules = make_mesh(axes), make_rules()
+    n = context_size(mesh, rules)
+    attn = make_context_attention(mesh, rules, "ring", block=cfg.attention_block)
+
+    def loss(p, ids, pos, seg, mask):
+        with use_rules(mesh, rules):
+            return jnp.sum(policy_logprobs(p, cfg, ids, pos, seg, attention_fn=attn, context_n=n)[0] * mask)
+
+    ps = param_shardings(mesh, rules, param_logical_axes(cfg), abstract_params(cfg))
+    bs = NamedSharding(mesh, batch_spec(rules))
+    grad = jax.jit(jax.grad(loss), in_shardings=(ps, bs, bs, bs, bs), out_shardings=ps)
+    i32, f32 = jax.ShapeDtypeStruct((rows, seq), jnp.int32), jax.ShapeDtypeStruct((rows, seq), jnp.float32)
+    xla = grad.lower(abstract_params(cfg), i32, i32, i32, f32).compile().memory_analysis().temp_size_in_bytes
+    shape = ModelShape(
+        cfg.vocab_size,
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        cfg.tie_word_embeddings,
+    )
+    p = plan(
+        PlanInput(
+            shape,
+            dict(mesh.shape),
+            seq,
+            rows,
+            remat=remat,
+            compute_dtype="float32",
+            attention_block=128,
+            logprob_chunk=256,
+        )
+    )
+    estimate = p.per_device_bytes["activations"] + p.per_device_bytes["transient"]
+    assert 0.75 < estimate / xla < 1.25, (estimate, xla, p.per_device_bytes, p.largest_transient)

@@ -47,7 +47,12 @@ def run_rl_stage(ctx: StageContext, *, history_from: str | None, resume: bool) -
         if not pool:
             raise UserError(f"the task filter from {history_from} leaves no task to train on")
     trainer = Trainer(
-        ctx.policy.model_cfg, ctx.policy.params, cfg.optimizer, eps_low=rl.eps_low, eps_high=rl.eps_high
+        ctx.policy.model_cfg,
+        ctx.policy.params,
+        cfg.optimizer,
+        eps_low=rl.eps_low,
+        eps_high=rl.eps_high,
+        mesh_cfg=cfg.mesh,
     )
     setup = RLSetup(
         cfg=cfg,

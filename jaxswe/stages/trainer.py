@@ -1,74 +1,35 @@
-"""The trainer state of a stage (params, optimizer state, step) and its jitted updates.
+"""The trainer of a stage: a sharded TrainState and the jitted steps of `jaxswe.train`.
 
-One `Trainer` serves SFT (warm start, RFT) and DAPO (RL). Every update normalizes its loss by
-the global count of trained tokens of the optimizer step, so splitting the step into
-micro-batches (`optimizer.micro_batches`) leaves the gradient unchanged.
+One `Trainer` serves SFT (warm start, RFT) and DAPO (RL) with the same sharded steps a 72B run
+uses: params and AdamW state laid out by the mesh's logical-axis rules, micro-batches accumulated
+inside the step, and the loss normalized by the global count of trained tokens. Without a mesh
+config it runs on one device.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from jaxswe.config import OptimizerSection
-from jaxswe.losses import dapo_loss, sft_loss
-from jaxswe.model.logprobs import token_logprobs
-from jaxswe.optim import accumulate_gradients, make_optimizer
+from jaxswe.config import MeshSection, OptimizerSection
+from jaxswe.optim import make_optimizer, make_schedule
+from jaxswe.train import (
+    TrainState,
+    init_train_state,
+    make_compute_logprobs,
+    make_dapo_step,
+    make_sft_step,
+)
+from sharding import make_mesh, make_rules
 
 Batch = dict[str, np.ndarray]
 
 
-def _logprobs(params: Any, batch: Batch, *, cfg: Any, entropy: bool) -> Any:
-    return token_logprobs(
-        params,
-        cfg,
-        batch["input_ids"],
-        positions=batch["positions"],
-        segment_ids=batch["segment_ids"],
-        return_entropy=entropy,
-    )
-
-
-def _sft_loss_fn(params, batch, num_tokens, *, cfg):
-    lp_bt = _logprobs(params, batch, cfg=cfg, entropy=False)
-    return sft_loss(lp_bt, batch["loss_mask"], num_tokens=num_tokens)
-
-
-def _dapo_loss_fn(params, batch, num_tokens, *, cfg, eps_low, eps_high):
-    lp_bt, ent_bt = _logprobs(params, batch, cfg=cfg, entropy=True)
-    loss, aux = dapo_loss(
-        lp_bt,
-        batch["old_logprobs"],
-        batch["advantages"],
-        batch["loss_mask"],
-        eps_low=eps_low,
-        eps_high=eps_high,
-        num_tokens=num_tokens,
-        token_weights=batch["token_weights"],
-    )
-    mask = batch["loss_mask"]
-    aux["entropy"] = jnp.sum(ent_bt * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-    return loss, aux
-
-
-def _update(params, opt_state, batch, *, loss_fn, optimizer, num_micro):
-    chex.assert_rank(batch["input_ids"], 2)
-    num_tokens = jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0)
-    fn = functools.partial(loss_fn, num_tokens=num_tokens)
-    loss, aux, grads = accumulate_gradients(lambda p, b: fn(p, b), params, batch, num_micro)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
-
-
 class Trainer:
-    """Params + AdamW state + the jitted SFT/DAPO updates and log-prob recomputation."""
+    """Params + AdamW state + the sharded SFT/DAPO steps and log-prob recomputation."""
 
     def __init__(
         self,
@@ -78,52 +39,76 @@ class Trainer:
         *,
         eps_low: float = 0.2,
         eps_high: float = 0.28,
-        opt_state: Any = None,
+        mesh_cfg: MeshSection | None = None,
     ):
         self.model_cfg = model_cfg
         self.opt_cfg = opt_cfg
+        if mesh_cfg is None:
+            self.mesh, self.rules, attention = make_mesh({"fsdp": 1}, jax.devices()[:1]), make_rules(), "ring"
+        else:
+            self.mesh, self.rules = make_mesh(mesh_cfg.axes), make_rules(mesh_cfg.rules)
+            attention = mesh_cfg.context_attention
         self.optimizer = make_optimizer(opt_cfg)
-        self.params = params
-        self.opt_state = self.optimizer.init(params) if opt_state is None else opt_state
-        micro = opt_cfg.micro_batches
-        common = {"optimizer": self.optimizer, "num_micro": micro}
-        self._sft = jax.jit(
-            functools.partial(_update, loss_fn=functools.partial(_sft_loss_fn, cfg=model_cfg), **common),
-            donate_argnums=(0, 1),
+        common = dict(
+            num_micro=opt_cfg.micro_batches, lr_schedule=make_schedule(opt_cfg), context_attention=attention
         )
-        dapo_fn = functools.partial(_dapo_loss_fn, cfg=model_cfg, eps_low=eps_low, eps_high=eps_high)
-        self._dapo = jax.jit(functools.partial(_update, loss_fn=dapo_fn, **common), donate_argnums=(0, 1))
-        self._lp = jax.jit(functools.partial(_logprobs, cfg=model_cfg, entropy=True))
+        self._sft = make_sft_step(model_cfg, self.optimizer, self.mesh, self.rules, **common)
+        self._dapo = make_dapo_step(
+            model_cfg, self.optimizer, self.mesh, self.rules, eps_low=eps_low, eps_high=eps_high, **common
+        )
+        self._shardings: TrainState = self._sft.state_shardings
+        self._lp = make_compute_logprobs(
+            model_cfg,
+            self.mesh,
+            self.rules,
+            params_shardings=self._shardings.params,
+            context_attention=attention,
+        )
+        self._state = init_train_state(params, self.optimizer, self._shardings)
+
+    @property
+    def params(self) -> Any:
+        return self._state.params
 
     @property
     def rows_multiple(self) -> int:
-        """Row count every batch must be a multiple of (the micro-batch split)."""
-        return self.opt_cfg.micro_batches
+        """Row count every batch must be a multiple of (micro-batches x row shards)."""
+        return self.opt_cfg.micro_batches * self._sft.row_shards
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint holds of the trainer."""
-        return {"params": self.params, "opt_state": self.opt_state}
+        """What a checkpoint holds of the trainer: params, and the optimizer state with its step."""
+        return {
+            "params": self._state.params,
+            "opt_state": {"optimizer": self._state.opt_state, "step": self._state.step},
+        }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.params, self.opt_state = state["params"], state["opt_state"]
+        """Adopt a restored `state()`, laid out by this trainer's shardings."""
+        opt = state["opt_state"]
+        restored = TrainState(params=state["params"], opt_state=opt["optimizer"], step=jnp.int32(opt["step"]))
+        self._state = jax.device_put(restored, self._shardings)
+
+    def _put(self, batch: Batch, keys: tuple[str, ...]) -> dict[str, jax.Array]:
+        return {k: jax.device_put(np.asarray(batch[k]), self._sft.batch_sharding) for k in keys}
 
     def logprobs(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         """Trainer log-probs and entropies [B, T] of the batch's tokens (no update)."""
-        keys = ("input_ids", "positions", "segment_ids")
-        lp_bt, ent_bt = self._lp(self.params, {k: jnp.asarray(batch[k]) for k in keys})
+        lp_bt, ent_bt = self._lp(self.params, self._put(batch, ("input_ids", "positions", "segment_ids")))
         return np.asarray(lp_bt, np.float32), np.asarray(ent_bt, np.float32)
 
     def sft_update(self, batch: Batch) -> dict[str, float]:
-        keys = ("input_ids", "positions", "segment_ids", "loss_mask")
-        self.params, self.opt_state, out = self._sft(
-            self.params, self.opt_state, {k: jnp.asarray(batch[k]) for k in keys}
+        self._state, out = self._sft(
+            self._state, self._put(batch, ("input_ids", "positions", "segment_ids", "loss_mask"))
         )
         return {k: float(v) for k, v in out.items()}
 
     def dapo_update(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step of the DAPO loss; `batch` needs old_logprobs, advantages and
-        (optionally) token_weights, all [B, T]."""
-        arrays = {k: jnp.asarray(v) for k, v in batch.items()}
-        arrays.setdefault("token_weights", jnp.ones_like(arrays["loss_mask"]))
-        self.params, self.opt_state, out = self._dapo(self.params, self.opt_state, arrays)
+        """One optimizer step of the DAPO loss; `batch` needs old_logprobs and advantages [B, T] and
+        optionally token_weights [B, T] (> 0), folded into the advantages: for w > 0,
+        w * min(rho*A, clip(rho)*A) = min(rho*A*w, clip(rho)*A*w)."""
+        batch = dict(batch)
+        if "token_weights" in batch:
+            batch["advantages"] = np.asarray(batch["advantages"]) * np.asarray(batch.pop("token_weights"))
+        keys = ("input_ids", "positions", "segment_ids", "loss_mask", "old_logprobs", "advantages")
+        self._state, out = self._dapo(self._state, self._put(batch, keys))
         return {k: float(v) for k, v in out.items()}

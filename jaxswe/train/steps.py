@@ -172,6 +172,7 @@ def _make_step(setup: _Setup, optimizer, keys, loss_of, lr_schedule) -> Callable
     checked.jitted = jitted
     checked.state_shardings = setup.state_sh
     checked.batch_sharding = setup.batch_sh
+    checked.row_shards = setup.row_shards
     return checked
 
 

@@ -9,8 +9,8 @@ and advantages (float32, per token). Every step:
   an equal share of every device's rows, so no data moves),
 - normalizes the loss by the token count of the whole global batch, so the result is the same
   for any micro-batching or device count,
-- donates the old state and returns (new_state, metrics): loss, grad_norm, lr, clip_fraction,
-  approx_kl, entropy (masked means), tokens.
+- donates the old state and returns (new_state, metrics): loss, grad_norm, lr, entropy, tokens and
+  the loss's own aux (SFT: nll; DAPO: clip fractions, approx_kl, ratio mean/max).
 """
 
 from __future__ import annotations
@@ -151,8 +151,7 @@ def _make_step(setup: _Setup, optimizer, keys, loss_of, lr_schedule) -> Callable
             "grad_norm": optax.tree.norm(grads),
             "tokens": num_tokens,
             "entropy": aux["entropy"],
-            "clip_fraction": aux.get("clip_fraction", jnp.zeros(())),
-            "approx_kl": aux.get("approx_kl", jnp.zeros(())),
+            **{k: v for k, v in aux.items() if k not in ("entropy", "num_tokens")},
         }
         if lr_schedule is not None:
             metrics["lr"] = jnp.asarray(lr_schedule(state.step), jnp.float32)

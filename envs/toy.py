@@ -11,6 +11,10 @@ Anything else (including `submit N` with N out of range) is a format error: the 
 so and the episode goes on, but the `max_format_errors`-th one (2 by default) ends the episode
 (ended_by "error", reward 0). Looking first and submitting the seen key always wins, in two turns;
 submitting blind wins with probability 1/num_values. The turn limit belongs to the agent loop.
+
+With `require_look=True` a submission made before any `look` in the episode is a format error
+("error: look first"; the episode goes on): a blind guess can neither win nor end the episode, so
+every reward needs several turns and depends on what was observed.
 """
 
 from __future__ import annotations
@@ -34,17 +38,21 @@ class ToyEnv:
 
     system_prompt = SYSTEM_PROMPT
 
-    def __init__(self, seed: int, num_values: int = 8, *, max_format_errors: int = 2):
+    def __init__(
+        self, seed: int, num_values: int = 8, *, max_format_errors: int = 2, require_look: bool = False
+    ):
         if not 2 <= num_values <= 100:
             raise EnvError(f"ToyEnv num_values must be in 2..100, got {num_values}")
         if max_format_errors < 1:
             raise EnvError(f"ToyEnv max_format_errors must be >= 1, got {max_format_errors}")
         self.num_values = num_values
         self.max_format_errors = max_format_errors
+        self.require_look = require_look
         self._rng = random.Random(seed)
         self._key: int | None = None
         self._done = False
         self._solved = False
+        self._looked = False
         self._format_errors = 0
 
     def reset(self) -> str:
@@ -52,6 +60,7 @@ class ToyEnv:
         self._key = self._rng.randrange(self.num_values)
         self._done = False
         self._solved = False
+        self._looked = False
         self._format_errors = 0
         return f"find the key. actions: look, submit N (N in 0-{self.num_values - 1})"
 
@@ -64,7 +73,10 @@ class ToyEnv:
         if match is None or (match[1] is not None and int(match[1]) >= self.num_values):
             return self._format_error()
         if match[1] is None:
+            self._looked = True
             return Step(observation=f"key {self._key}", info={"action": "look"})
+        if self.require_look and not self._looked:
+            return self._format_error("error: look first")
         self._done = True
         self._solved = int(match[1]) == self._key
         return Step(
@@ -74,7 +86,7 @@ class ToyEnv:
             info={"action": "submit"},
         )
 
-    def _format_error(self) -> Step:
+    def _format_error(self, message: str | None = None) -> Step:
         self._format_errors += 1
         if self._format_errors >= self.max_format_errors:
             self._done = True
@@ -86,7 +98,7 @@ class ToyEnv:
                 info={"action": None},
             )
         return Step(
-            observation=f"error: reply with look or submit N (N in 0-{self.num_values - 1})",
+            observation=message or f"error: reply with look or submit N (N in 0-{self.num_values - 1})",
             format_error=True,
             info={"action": None},
         )

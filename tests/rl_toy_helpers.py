@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -12,11 +13,15 @@ from envs.toy import ToyEnv
 from jaxswe.tokenizer import CHATML_TEMPLATE, SPECIAL_TOKENS
 
 
-def toy_tokenizer(num_values: int, out_dir: Path | None = None) -> PreTrainedTokenizerFast:
+def toy_tokenizer(
+    num_values: int, out_dir: Path | None = None, *, single_token_actions: bool = False
+) -> PreTrainedTokenizerFast:
     """A word-level ChatML tokenizer over the toy game's words (anything else is [UNK]).
 
     `submit 2` is two tokens and the observation `key 2` holds the same digit token, so
-    answering with the key seen is a copy, which attention with tied embeddings learns easily.
+    answering with the key seen is a copy. With `single_token_actions`, each whole action
+    (`look`, `submit 0`, `submit 1`, ...) is one token, so a policy sampling one token per turn
+    always emits a well-formed action or an obvious error, and a random policy explores the game.
     """
     words = ["[UNK]", "look", "submit", "key", *(str(i) for i in range(num_values)), "correct", "wrong"]
     vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *words])}
@@ -30,6 +35,8 @@ def toy_tokenizer(num_values: int, out_dir: Path | None = None) -> PreTrainedTok
         unk_token="[UNK]",
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],
     )
+    if single_token_actions:
+        tok.add_tokens([f"submit {i}" for i in range(num_values)])
     tok.chat_template = CHATML_TEMPLATE
     if out_dir is not None:
         tok.save_pretrained(str(out_dir))
@@ -41,6 +48,21 @@ def toy_env_factory(seed: int, num_values: int):
     replies never end the episode early (the turn limit does), so they count as failures, not infra errors."""
     seeds = itertools.count(seed * 1_000_003)
     return lambda task_id: ToyEnv(next(seeds), num_values, max_format_errors=100)
+
+
+def toy_group_env_factory(seed: int, num_values: int, group_size: int, *, require_look: bool = True):
+    """task id -> a ToyEnv whose key is fixed by (seed, task id, round): the `group_size` rollouts of
+    one problem in an iteration share the key (a proper group), the next round of that task draws a
+    new one. Rounds count the calls per task id, as `run_rl` builds each group's envs together."""
+    calls: dict[str, int] = {}
+
+    def make(task_id: str) -> ToyEnv:
+        n = calls.get(task_id, 0)
+        calls[task_id] = n + 1
+        env_seed = random.Random(f"{seed}/{task_id}/{n // group_size}").getrandbits(63)
+        return ToyEnv(env_seed, num_values, max_format_errors=100, require_look=require_look)
+
+    return make
 
 
 def toy_config(**sections):
@@ -69,7 +91,7 @@ def toy_config(**sections):
     return config_from_dict(base)
 
 
-def toy_policy(tmp_dir: Path, num_values: int, seed: int = 0):
+def toy_policy(tmp_dir: Path, num_values: int, seed: int = 0, *, single_token_actions: bool = False):
     """A random tiny Qwen2 over the toy tokenizer (saved under tmp_dir/tokenizer)."""
     import jax
 
@@ -77,7 +99,7 @@ def toy_policy(tmp_dir: Path, num_values: int, seed: int = 0):
     from jaxswe.model.params import init_params
     from jaxswe.stages.runtime import Policy
 
-    tok = toy_tokenizer(num_values, tmp_dir / "tokenizer")
+    tok = toy_tokenizer(num_values, tmp_dir / "tokenizer", single_token_actions=single_token_actions)
     model_cfg = get_preset("tiny", vocab_size=len(tok), attention="dense")
     return Policy(model_cfg, init_params(model_cfg, jax.random.key(seed)), str(tmp_dir / "tokenizer")), tok
 

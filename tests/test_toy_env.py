@@ -141,3 +141,25 @@ def test_misuse_and_bad_arguments_raise_env_error():
     with pytest.raises(EnvError, match="n >= 0"):
         make_toy_envs(-1, seed=0)
     assert make_toy_envs(0, seed=0) == []
+
+
+def test_require_look_makes_blind_submissions_format_errors():
+    blind = ToyEnv(seed=8, num_values=2, max_format_errors=3, require_look=True)
+    twin = ToyEnv(seed=8, num_values=2, require_look=True)  # same seed: same keys
+    blind.reset()
+    twin.reset()
+    key = seen_key(twin.step("look").observation)
+    first = blind.step(f"submit {key}")  # the right key, but blind
+    assert first.format_error and not first.done and first.observation == "error: look first"
+    assert blind.reward() == 0.0
+    assert seen_key(blind.step("look").observation) == key  # still playable: look, then win
+    end = blind.step(f"submit {key}")
+    assert end.done and end.ended_by == ENDED_SUBMITTED and end.observation == "correct"
+    assert blind.reward() == 1.0
+    # a look in an earlier episode does not count; blind submits count toward max_format_errors
+    blind.reset()
+    assert blind.step("submit 0").format_error and blind.step("submit 1").format_error
+    last = blind.step("submit 0")
+    assert last.done and last.ended_by == ENDED_ERROR and blind.reward() == 0.0
+    for seed in range(20):
+        assert play_optimal(ToyEnv(seed, require_look=True)) == (1.0, 2)

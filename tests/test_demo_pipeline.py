@@ -7,6 +7,10 @@ from pathlib import Path
 import pytest
 
 from jaxswe.cli import main
+from jaxswe.config import load_config
+from jaxswe.stages.context import check_inputs
+from jaxswe.stages.runtime import env_factory
+from jaxswe.stages.warmstart import CORPUS_WORKDIR, corpus_texts
 
 CONFIG = Path(__file__).parents[1] / "configs" / "demo-cpu.yaml"
 SHRINK = [
@@ -46,3 +50,14 @@ def test_demo_pipeline_shrunk(tmp_path):
     tok = json.loads((run_dir / "warmstart" / "model.json").read_text())["tokenizer"]
     assert json.loads((run_dir / "rl" / "model.json").read_text())["tokenizer"] == tok
     assert json.loads((run_dir / "warmstart" / "summary.json").read_text())["demonstrations"] == 2
+
+
+def test_demo_tokenizer_corpus_is_reproducible():
+    """The demo tokenizer's corpus holds no random sandbox name: same tasks, same tokenizer."""
+    cfg = load_config(CONFIG, ["task_subset=[builtin__stack-1]"])
+    tasks, _ = check_inputs(cfg)
+    make_env = env_factory(cfg, tasks)
+    first, second = corpus_texts(cfg, tasks, make_env), corpus_texts(cfg, tasks, make_env)
+    assert first == second
+    assert any(f"{CORPUS_WORKDIR}/" in t for t in first)  # the edit's file window names the file
+    assert len(first[0]) < 200  # the demo's short system prompt, not the default manual

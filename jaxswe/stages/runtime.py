@@ -132,8 +132,15 @@ def make_backend(cfg: RunConfig, policy: Policy, *, allow_biased: bool = False) 
         from jaxswe.rollout.engine import EmbeddedEngine
         from jaxswe.rollout.sampler import Sampler
 
+        # Batch and decode budget fixed at their maxima: the sampler compiles one shape per
+        # prompt-length bucket instead of one per (batch size, prompt, budget) combination.
         sampler = Sampler(
-            policy.model_cfg, policy.params, max_context=cfg.agent.max_context_tokens, seed=r.seed
+            policy.model_cfg,
+            policy.params,
+            max_context=cfg.agent.max_context_tokens,
+            seed=r.seed,
+            min_batch_bucket=r.max_batch,
+            min_new_bucket=r.max_new_tokens,
         )
         return EmbeddedBackend(EmbeddedEngine(sampler, max_batch=r.max_batch), policy.model_cfg)
     from jaxswe.rollout.client import RolloutClient

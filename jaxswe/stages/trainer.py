@@ -64,6 +64,8 @@ class Trainer:
             params_shardings=self._shardings.params,
             context_attention=attention,
         )
+        # params restored from a checkpoint sit committed on one device: lay them out first
+        params = jax.device_put(params, self._shardings.params)
         self._state = init_train_state(params, self.optimizer, self._shardings)
 
     @property

@@ -47,20 +47,29 @@ class ScriptedEngine:
         return Generation(output_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")
 
 
+CORPUS_WORKDIR = "/repo"  # stands for the sandbox's (randomly named) checkout in the corpus
+
+
 def corpus_texts(cfg: RunConfig, tasks: list[Any], make_env: Any) -> list[str]:
-    """Texts the demo tokenizer learns from: every message of a scripted text-level episode."""
+    """Texts the demo tokenizer learns from: every message of a scripted text-level episode.
+
+    The sandbox's random directory name is replaced by a fixed one, so the same tasks always
+    give the same tokenizer (and the same seeded run the same model).
+    """
     texts = []
     for task in tasks:
         env = make_env(task.instance_id)
         try:
-            texts += [env.system_prompt, env.reset()]
+            episode = [env.system_prompt, env.reset()]
+            workdir = env.sandbox.workdir
             for reply in scripted_replies(task):
                 step = env.step(reply)
-                texts += [reply, step.observation]
+                episode += [reply, step.observation]
                 if step.done:
                     break
         finally:
             env.close()
+        texts += [t.replace(workdir, CORPUS_WORKDIR) for t in episode]
     return texts
 
 

@@ -35,6 +35,7 @@ from envs.sandbox import (
     ExecResult,
     OutputBuffer,
     resolve_timeout,
+    unrunnable,
 )
 
 LABEL = "jaxswe.sandbox"
@@ -193,6 +194,8 @@ class DockerSandbox:
         """Run `command` with `bash -c` in the repository inside the container."""
         if self._closed:
             raise SandboxError("exec on a closed sandbox")
+        if (refused := unrunnable(command)) is not None:
+            return refused
         limit = resolve_timeout(timeout, self.timeout)
         marker_value = f"{self.id}.{next(self._counter)}"
         marker = f"{COMMAND_MARKER}={marker_value}"

@@ -36,6 +36,7 @@ from envs.sandbox import (
     ExecResult,
     OutputBuffer,
     resolve_timeout,
+    unrunnable,
 )
 
 _DRAIN_S = 0.05  # after the shell exits, how long to keep reading output its children still write
@@ -157,6 +158,8 @@ class LocalSandbox:
         """Run `command` with `bash -c` in the repository; see the module docstring for processes."""
         if self._closed:
             raise SandboxError("exec on a closed sandbox")
+        if (refused := unrunnable(command)) is not None:
+            return refused
         limit = resolve_timeout(timeout, self.timeout)
         marker = f"{COMMAND_MARKER}={self.id}.{next(self._counter)}"
         env = {**self._env, COMMAND_MARKER: marker.split("=", 1)[1]}

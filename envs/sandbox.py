@@ -94,6 +94,17 @@ class OutputBuffer:
         return f"{head}\n[... {cut} bytes of output cut; {self.total} in total ...]\n{tail}"
 
 
+def unrunnable(command: str) -> ExecResult | None:
+    """The result for a command no shell can receive (a NUL byte cannot cross argv), else None.
+
+    Model output can contain anything; such a command gets an error observation, like bash's
+    "command not found", instead of an exception that would end the episode as an infra failure.
+    """
+    if "\x00" in command:
+        return ExecResult("bash: the command contains a NUL byte and was not run", 126, False)
+    return None
+
+
 def resolve_timeout(timeout: float | None, default: float) -> float:
     value = default if timeout is None else timeout
     if not value > 0:

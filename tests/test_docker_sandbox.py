@@ -56,6 +56,7 @@ def test_exec_files_and_removal(client, task):
         assert sb.exec("pwd").output == "/testbed\n"
         assert sb.exec("echo out; echo err >&2; exit 7").exit_code == 7
         assert sb.exec("cat").exit_code == 0
+        assert sb.exec("echo a\x00b").exit_code == 126  # a NUL byte: an error result, no exception
         assert sb.exec("echo $PAGER $GIT_PAGER $TERM").output == "cat cat dumb\n"
         sb.write_file("pkg/new.txt", "hé\n")
         assert sb.exec("cat pkg/new.txt").output == "hé\n" and sb.read_file("/testbed/pkg/new.txt") == "hé\n"

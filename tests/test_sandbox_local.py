@@ -67,6 +67,8 @@ def test_exec_basics(isolation):
         assert sb.exec("pwd").output.strip() == sb.workdir
         assert sb.exec("echo out; echo err >&2; exit 7") == ExecResult("out\nerr\n", 7, False)
         assert sb.exec("cat").exit_code == 0  # stdin is closed: cat does not wait
+        nul = sb.exec("echo a\x00b")  # model output can hold a NUL byte: an error, not an exception
+        assert nul.exit_code == 126 and "NUL byte" in nul.output
         assert sb.exec("echo $PAGER $GIT_PAGER $TERM").output == "cat cat dumb\n"
         assert sb.exec("git log --oneline | cat").output.endswith(" base\n")
         sb.write_file("pkg/new.txt", "hé\n")

@@ -19,7 +19,7 @@ def run_rft(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], Any]:
     """Returns the stage summary and the trained params."""
     cfg, stage_dir = ctx.cfg, ctx.stage_dir
     opt = cfg.optimizer.model_copy(update={"lr": cfg.rft.lr}) if cfg.rft.lr else cfg.optimizer
-    trainer = Trainer(ctx.policy.model_cfg, ctx.policy.params, opt)
+    trainer = Trainer(ctx.policy.model_cfg, ctx.policy.params, opt, mesh_cfg=ctx.cfg.mesh)
     ckpts = Checkpoints(stage_dir / "checkpoints", max_to_keep=1)
     samples_path = stage_dir / "trajectories" / "samples.jsonl"
     if resume:

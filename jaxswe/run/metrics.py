@@ -12,8 +12,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tensorboardX import SummaryWriter
-
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """All complete rows of a metrics JSONL file (a torn last line is ignored)."""
@@ -63,6 +61,8 @@ class MetricsLogger:
         if self.path.exists():
             truncate_after(self.path, start_step - 1)
         self.path.touch()
+        from tensorboardX import SummaryWriter  # imported here: it pulls in torch when installed
+
         self._tb = SummaryWriter(str(self.directory / "tb"), purge_step=start_step if start_step else None)
 
     def log(self, step: int, row: dict[str, Any]) -> None:

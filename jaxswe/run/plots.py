@@ -5,12 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from jaxswe.run.metrics import read_rows  # noqa: E402
+from jaxswe.run.metrics import read_rows
 
 # Curves drawn when present, in this order; each gets its own panel.
 MAIN_CURVES = (
@@ -29,6 +24,11 @@ MAIN_CURVES = (
 
 def plot_metrics(metrics_path: str | Path, out_path: str | Path, *, title: str = "") -> list[str]:
     """Draw every MAIN_CURVES key found in the rows against `step`; return the keys drawn."""
+    import matplotlib  # imported here: slow, and only needed once a stage ends
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     rows: list[dict[str, Any]] = read_rows(metrics_path)
     keys = [k for k in MAIN_CURVES if any(isinstance(r.get(k), int | float) for r in rows)]
     ncols = 3

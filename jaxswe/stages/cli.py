@@ -30,9 +30,9 @@ def _stage_command(name: str):
     def command(
         config: ConfigOpt, run_dir: RunDirOpt, set_: SetOpt = None, resume: ResumeOpt = False
     ) -> None:
+        cfg = load_config(config, set_ or [])  # before the heavy imports: a bad config fails at once
         from jaxswe.stages.stages import run_stage
 
-        cfg = load_config(config, set_ or [])
         _compile_cache()
         summary = run_stage(name, cfg, run_dir, init_from=cfg.init_from, resume=resume)
         typer.echo(json.dumps(summary, indent=2))
@@ -48,9 +48,9 @@ def _stage_command(name: str):
 
 def pipeline(config: ConfigOpt, run_dir: RunDirOpt, set_: SetOpt = None, resume: ResumeOpt = False) -> None:
     """Run the config's stages in order (e.g. warmstart -> rft -> rl -> eval), each in RUN_DIR/<stage>."""
+    cfg = load_config(config, set_ or [])
     from jaxswe.stages.stages import run_pipeline
 
-    cfg = load_config(config, set_ or [])
     _compile_cache()
     out = run_pipeline(cfg, run_dir, resume=resume)
     typer.echo(

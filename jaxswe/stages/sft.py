@@ -34,7 +34,7 @@ def run_sft(
     rng = np.random.default_rng(seed)
     stream: list[int] = []
     rows = []
-    rows_per_step = None
+    rows_per_step = 0
     for step in tqdm(range(steps), desc=desc):
         while len(stream) < sft.batch_size:
             stream += rng.permutation(len(sequences)).tolist()
@@ -42,11 +42,10 @@ def run_sft(
         batch = pack_sequences(
             [sequences[i] for i in chosen], sft.seq_len, rows_multiple=trainer.rows_multiple
         )
-        if rows_per_step is None:
-            rows_per_step = batch.num_rows
-        arrays = batch.arrays
-        if batch.num_rows < rows_per_step:  # keep one shape for the jitted step
-            arrays = pad_rows(arrays, rows_per_step)
+        # Pad to the most rows seen so far: few shapes reach the jitted step (rows are powers of
+        # two), and a batch that packs into more rows than the first one just grows the shape.
+        rows_per_step = max(rows_per_step, batch.num_rows)
+        arrays = pad_rows(batch.arrays, rows_per_step)
         out = trainer.sft_update(arrays)
         out["tokens_trained"] = float(arrays["loss_mask"].sum())
         metrics.log(step + 1, out)

@@ -15,6 +15,11 @@ submitting blind wins with probability 1/num_values. The turn limit belongs to t
 With `require_look=True` a submission made before any `look` in the episode is a format error
 ("error: look first"; the episode goes on): a blind guess can neither win nor end the episode, so
 every reward needs several turns and depends on what was observed.
+
+With `show_answer=True` the `look` observation also spells out the winning action,
+`key 5 -> submit 5`: winning means repeating text seen a turn earlier, a skill a tiny random
+model picks up from RL in tens of iterations (mapping the key's digit onto the action is much
+slower to learn from a binary reward).
 """
 
 from __future__ import annotations
@@ -39,7 +44,13 @@ class ToyEnv:
     system_prompt = SYSTEM_PROMPT
 
     def __init__(
-        self, seed: int, num_values: int = 8, *, max_format_errors: int = 2, require_look: bool = False
+        self,
+        seed: int,
+        num_values: int = 8,
+        *,
+        max_format_errors: int = 2,
+        require_look: bool = False,
+        show_answer: bool = False,
     ):
         if not 2 <= num_values <= 100:
             raise EnvError(f"ToyEnv num_values must be in 2..100, got {num_values}")
@@ -48,6 +59,7 @@ class ToyEnv:
         self.num_values = num_values
         self.max_format_errors = max_format_errors
         self.require_look = require_look
+        self.show_answer = show_answer
         self._rng = random.Random(seed)
         self._key: int | None = None
         self._done = False
@@ -74,7 +86,8 @@ class ToyEnv:
             return self._format_error()
         if match[1] is None:
             self._looked = True
-            return Step(observation=f"key {self._key}", info={"action": "look"})
+            seen = f"key {self._key} -> submit {self._key}" if self.show_answer else f"key {self._key}"
+            return Step(observation=seen, info={"action": "look"})
         if self.require_look and not self._looked:
             return self._format_error("error: look first")
         self._done = True

@@ -50,17 +50,29 @@ def toy_env_factory(seed: int, num_values: int):
     return lambda task_id: ToyEnv(next(seeds), num_values, max_format_errors=100)
 
 
-def toy_group_env_factory(seed: int, num_values: int, group_size: int, *, require_look: bool = True):
-    """task id -> a ToyEnv whose key is fixed by (seed, task id, round): the `group_size` rollouts of
-    one problem in an iteration share the key (a proper group), the next round of that task draws a
-    new one. Rounds count the calls per task id, as `run_rl` builds each group's envs together."""
+def toy_group_env_factory(
+    seed: int,
+    num_values: int,
+    group_size: int,
+    *,
+    require_look: bool = True,
+    shared_key: bool = True,
+    show_answer: bool = False,
+):
+    """task id -> a ToyEnv seeded by (seed, task id, call count). With `shared_key` the `group_size`
+    rollouts of one problem in an iteration share the key (rounds count the calls per task id, as
+    `run_rl` builds each group's envs together) and the next round of that task draws a new one;
+    without it every episode draws its own key (the environment itself is random). `require_look`
+    and `show_answer` are ToyEnv's options."""
     calls: dict[str, int] = {}
 
     def make(task_id: str) -> ToyEnv:
         n = calls.get(task_id, 0)
         calls[task_id] = n + 1
-        env_seed = random.Random(f"{seed}/{task_id}/{n // group_size}").getrandbits(63)
-        return ToyEnv(env_seed, num_values, max_format_errors=100, require_look=require_look)
+        env_seed = random.Random(f"{seed}/{task_id}/{n // group_size if shared_key else n}").getrandbits(63)
+        return ToyEnv(
+            env_seed, num_values, max_format_errors=100, require_look=require_look, show_answer=show_answer
+        )
 
     return make
 
@@ -91,8 +103,11 @@ def toy_config(**sections):
     return config_from_dict(base)
 
 
-def toy_policy(tmp_dir: Path, num_values: int, seed: int = 0, *, single_token_actions: bool = False):
-    """A random tiny Qwen2 over the toy tokenizer (saved under tmp_dir/tokenizer)."""
+def toy_policy(
+    tmp_dir: Path, num_values: int, seed: int = 0, *, single_token_actions: bool = False, **model_changes
+):
+    """A random tiny Qwen2 over the toy tokenizer (saved under tmp_dir/tokenizer); `model_changes`
+    override fields of the `tiny` preset."""
     import jax
 
     from jaxswe.model.config import get_preset
@@ -100,7 +115,7 @@ def toy_policy(tmp_dir: Path, num_values: int, seed: int = 0, *, single_token_ac
     from jaxswe.stages.runtime import Policy
 
     tok = toy_tokenizer(num_values, tmp_dir / "tokenizer", single_token_actions=single_token_actions)
-    model_cfg = get_preset("tiny", vocab_size=len(tok), attention="dense")
+    model_cfg = get_preset("tiny", vocab_size=len(tok), attention="dense", **model_changes)
     return Policy(model_cfg, init_params(model_cfg, jax.random.key(seed)), str(tmp_dir / "tokenizer")), tok
 
 

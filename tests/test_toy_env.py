@@ -163,3 +163,16 @@ def test_require_look_makes_blind_submissions_format_errors():
     assert last.done and last.ended_by == ENDED_ERROR and blind.reward() == 0.0
     for seed in range(20):
         assert play_optimal(ToyEnv(seed, require_look=True)) == (1.0, 2)
+
+
+def test_show_answer_spells_out_the_winning_action():
+    plain, shown = ToyEnv(seed=2, num_values=5), ToyEnv(seed=2, num_values=5, show_answer=True)
+    for _ in range(5):
+        plain.reset()
+        shown.reset()
+        key = seen_key(plain.step("look").observation)
+        observation = shown.step("look").observation
+        assert observation == f"key {key} -> submit {key}"
+        answer = observation.split(" -> ")[1]
+        end = shown.step(answer)  # repeating the shown text wins
+        assert end.done and end.observation == "correct" and shown.reward() == 1.0

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from jaxswe.config import RunConfig
-from jaxswe.data.packing import pack_sequences, pad_rows, split_rows
+from jaxswe.config import RLSection, RunConfig
+from jaxswe.data.packing import Sequence, pack_sequences, pad_rows, split_rows
 from jaxswe.errors import UserError
 from jaxswe.rollout.client import logprob_gap
 from jaxswe.rollout.types import SamplingParams
@@ -81,7 +81,41 @@ def _episode_stats(episodes: list[Episode]) -> dict[str, float]:
     }
 
 
-def _train_on(setup: RLSetup, groups: list[list[Episode]], advantages: list[list[float]], kept: list[bool]):
+def minibatches(
+    seqs: list[Sequence], rl: RLSection, rows_multiple: int, rng: np.random.Generator
+) -> tuple[list[dict[str, np.ndarray]], int]:
+    """Shuffle the trajectories into ceil(n / trajectories_per_step) mini-batches of random
+    trajectories (so no step sees only long failures or only short successes) and pack each into
+    rows; returns the per-step arrays and how many trajectories were cut to seq_len. With
+    `rows_per_step` every step has exactly that many rows (one compiled shape): a mini-batch that
+    packs into more rows is split over several steps."""
+    order = rng.permutation(len(seqs))
+    num_batches = max(1, math.ceil(len(seqs) / rl.trajectories_per_step))
+    fixed = rl.rows_per_step
+    steps, truncated = [], 0
+    for chosen in np.array_split(order, num_batches):
+        batch = pack_sequences(
+            [seqs[i] for i in chosen],
+            rl.seq_len,
+            rows_multiple=1 if fixed else rows_multiple,
+            power_of_two_rows=fixed is None,
+        )
+        truncated += batch.truncated
+        if not fixed:
+            steps.append(batch.arrays)
+            continue
+        for start, stop in split_rows(batch.num_rows, math.ceil(batch.num_rows / fixed)):
+            steps.append(pad_rows(batch.rows(start, stop), fixed))
+    return steps, truncated
+
+
+def _train_on(
+    setup: RLSetup,
+    groups: list[list[Episode]],
+    advantages: list[list[float]],
+    kept: list[bool],
+    rng: np.random.Generator,
+):
     """Pack kept trajectories, recompute old log-probs, run the DAPO steps; return metrics."""
     rl, trainer = setup.cfg.rl, setup.trainer
     seqs = [
@@ -94,40 +128,30 @@ def _train_on(setup: RLSetup, groups: list[list[Episode]], advantages: list[list
     out: dict[str, Any] = {"trajectories_trained": len(seqs), "optimizer_steps": 0}
     if not seqs:
         return out
-    num_steps = max(1, math.ceil(len(seqs) / rl.trajectories_per_step))
-    fixed = rl.rows_per_step
-    batch = pack_sequences(
-        seqs,
-        rl.seq_len,
-        rows_multiple=fixed or num_steps * trainer.rows_multiple,
-        power_of_two_rows=fixed is None,
-    )
-    if fixed:
-        num_steps = max(num_steps, batch.num_rows // fixed)
-    arrays = pad_rows(batch.arrays, fixed * num_steps if fixed else batch.num_rows)
-    spans = split_rows(len(arrays["input_ids"]), num_steps)
-    mask = arrays["loss_mask"] > 0
-    # Old log-probs recomputed by the trainer, in the same row blocks as the updates (one shape).
-    lp_ent = [trainer.logprobs({k: v[a:b] for k, v in arrays.items()}) for a, b in spans]
-    trainer_lp = np.concatenate([lp for lp, _ in lp_ent])
-    entropy = np.concatenate([ent for _, ent in lp_ent])
-    gap = logprob_gap(arrays["old_logprobs"], trainer_lp, mask)
-    rollout_lp = arrays["old_logprobs"]
-    arrays["old_logprobs"] = trainer_lp
-    if rl.tis_correction:
-        weights = np.minimum(np.exp(np.clip(trainer_lp - rollout_lp, -20, 20)), rl.tis_cap)
-        arrays["token_weights"] = np.where(mask, weights, 0.0).astype(np.float32)
+    steps, truncated = minibatches(seqs, rl, trainer.rows_multiple, rng)
+    # Old log-probs recomputed by the trainer before any update, in the steps' shapes.
+    lp_ent = [trainer.logprobs(arrays) for arrays in steps]
+    mask = np.concatenate([a["loss_mask"].reshape(-1) for a in steps]) > 0
+    trainer_lp = np.concatenate([lp.reshape(-1) for lp, _ in lp_ent])
+    entropy = np.concatenate([ent.reshape(-1) for _, ent in lp_ent])
+    rollout_lp = np.concatenate([a["old_logprobs"].reshape(-1) for a in steps])
+    gap = logprob_gap(rollout_lp, trainer_lp, mask)
+    for arrays, (lp, _) in zip(steps, lp_ent, strict=True):
+        if rl.tis_correction:
+            weights = np.minimum(np.exp(np.clip(lp - arrays["old_logprobs"], -20, 20)), rl.tis_cap)
+            arrays["token_weights"] = np.where(arrays["loss_mask"] > 0, weights, 0.0).astype(np.float32)
+        arrays["old_logprobs"] = lp
     step_metrics = []
     t0 = time.perf_counter()
-    for start, stop in spans:
-        step_metrics.append(trainer.dapo_update({k: v[start:stop] for k, v in arrays.items()}))
+    for arrays in steps:
+        step_metrics.append(trainer.dapo_update(arrays))
     train_s = time.perf_counter() - t0
     tokens = float(mask.sum())
     out.update(
         {
             "optimizer_steps": len(step_metrics),
             "tokens_trained": tokens,
-            "sequences_truncated": batch.truncated,
+            "sequences_truncated": truncated,
             "entropy": float(entropy[mask].mean()) if mask.any() else None,
             "logprob_gap_mean_abs": gap["mean_abs"],
             "logprob_gap_max_abs": gap["max_abs"],
@@ -140,8 +164,9 @@ def _train_on(setup: RLSetup, groups: list[list[Episode]], advantages: list[list
     return out
 
 
-async def _iteration(setup: RLSetup, sampling: SamplingParams, order: DataOrder, history: History):
-    """One RL iteration; returns (metrics row, new order, new history, episodes with extras)."""
+async def _iteration(setup: RLSetup, sampling: SamplingParams, order: DataOrder, history: History, step: int):
+    """RL iteration `step` (1-based); returns (metrics row, new order, new history, episodes with
+    extras)."""
     cfg, rl = setup.cfg, setup.cfg.rl
     timings = Counter()
     t_iter = time.perf_counter()
@@ -186,7 +211,7 @@ async def _iteration(setup: RLSetup, sampling: SamplingParams, order: DataOrder,
         kept[i] = False
     all_eps = [e for g in groups for e in g]
     t0 = time.perf_counter()
-    train = _train_on(setup, groups, result.advantages, kept)
+    train = _train_on(setup, groups, result.advantages, kept, np.random.default_rng([cfg.seed, step]))
     timings["time_train_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     export_dir = setup.stage_dir / "weights"
@@ -249,8 +274,8 @@ def run_rl(setup: RLSetup, *, resume: bool, history: History | None = None) -> d
             await setup.backend.sync_weights(setup.trainer.params, stage_dir / "weights")
         bar = tqdm(range(start, cfg.rl.iterations), desc="rl", initial=start, total=cfg.rl.iterations)
         for it in bar:
-            row, order, history, eps, extras = await _iteration(setup, sampling, order, history)
             step = it + 1
+            row, order, history, eps, extras = await _iteration(setup, sampling, order, history, step)
             save_episodes(stage_dir / "trajectories" / f"iter_{step:04d}.jsonl", eps, extras)
             meta = {
                 "iteration": step,

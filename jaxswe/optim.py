@@ -62,8 +62,10 @@ def accumulate_gradients(
     """Sum loss, aux and gradients of `loss_fn(params, micro_batch)` over `num_micro` micro-batches.
 
     `loss_fn` must already normalize by the global token count (losses' `num_tokens`), so the sum
-    over micro-batches equals the full-batch value. aux entries are averaged over micro-batches.
-    Runs as a `lax.scan`, so only one micro-batch's activations live at a time.
+    over micro-batches equals the full-batch value. aux entries come back as full-batch values:
+    when aux has `num_tokens` (the micro-batch's trained tokens) the other entries are token-weighted
+    means over micro-batches and `num_tokens` their sum, else plain means; entries named `*_max`
+    take the maximum. Runs as a `lax.scan`, so only one micro-batch's activations live at a time.
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if num_micro == 1:
@@ -75,17 +77,30 @@ def accumulate_gradients(
     zeros_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     zeros_aux = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), aux_shape)
 
+    def weight(aux):
+        return aux["num_tokens"] if "num_tokens" in aux else jnp.ones((), jnp.float32)
+
+    def combine(totals, aux):
+        w = weight(aux)
+        return {
+            k: jnp.maximum(totals[k], v)
+            if k.endswith("_max")
+            else totals[k] + (v if k == "num_tokens" else w * v)
+            for k, v in aux.items()
+        }
+
     def body(carry, mb):
-        loss_sum, aux_sum, grad_sum = carry
+        loss_sum, aux_sum, weight_sum, grad_sum = carry
         (loss, aux), grads = grad_fn(params, mb)
         grad_sum = jax.tree.map(lambda s, g: s + g.astype(jnp.float32), grad_sum, grads)
-        aux_sum = jax.tree.map(jnp.add, aux_sum, aux)
-        return (loss_sum + loss, aux_sum, grad_sum), None
+        return (loss_sum + loss, combine(aux_sum, aux), weight_sum + weight(aux), grad_sum), None
 
-    (loss, aux_sum, grads), _ = jax.lax.scan(
-        body, (jnp.zeros((), jnp.float32), zeros_aux, zeros_grads), micro
-    )
-    aux = jax.tree.map(lambda a: a / num_micro, aux_sum)
+    zero = jnp.zeros((), jnp.float32)
+    (loss, aux_sum, weight_sum, grads), _ = jax.lax.scan(body, (zero, zeros_aux, zero, zeros_grads), micro)
+    aux = {
+        k: v if k.endswith("_max") or k == "num_tokens" else v / jnp.maximum(weight_sum, 1.0)
+        for k, v in aux_sum.items()
+    }
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     chex.assert_trees_all_equal_shapes(grads, params)
     return loss, aux, grads

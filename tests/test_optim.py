@@ -67,3 +67,33 @@ def test_accumulated_gradients_equal_full_batch(num_micro):
 def test_micro_batches_must_divide_batch():
     with pytest.raises(ValueError, match="not divisible"):
         accumulate_gradients(lambda p, b: (jnp.sum(b), {}), {}, jnp.ones((6, 2)), 4)
+
+
+@pytest.mark.parametrize("num_micro", [2, 4])
+def test_micro_batched_aux_equals_full_batch_aux(num_micro):
+    """DAPO's aux (token means, ratio max, token count) over micro-batches with very different
+    token counts comes back as the full-batch value, not a mean of per-micro-batch means."""
+    from jaxswe.losses import dapo_loss
+
+    rng = np.random.default_rng(3)
+    b, t = 8, 6
+    mask = np.zeros((b, t), np.float32)
+    for row, n in enumerate([6, 1, 5, 2, 6, 1, 3, 4]):
+        mask[row, :n] = 1.0
+    batch = {
+        "old": jnp.asarray(rng.normal(scale=0.3, size=(b, t)), jnp.float32),
+        "adv": jnp.asarray(rng.normal(size=(b,)), jnp.float32),
+        "mask": jnp.asarray(mask),
+        "x": jnp.asarray(rng.normal(size=(b, t)), jnp.float32),
+    }
+    params = {"s": jnp.asarray(0.5, jnp.float32)}
+    total = float(mask.sum())
+
+    def loss_fn(p, mb):
+        return dapo_loss(p["s"] * mb["x"], mb["old"], mb["adv"], mb["mask"], num_tokens=total)
+
+    _, aux, _ = jax.jit(lambda p, bt: accumulate_gradients(loss_fn, p, bt, num_micro))(params, batch)
+    _, ref = loss_fn(params, batch)
+    assert set(aux) == set(ref)
+    for key in ref:
+        np.testing.assert_allclose(aux[key], ref[key], rtol=1e-5, atol=1e-7, err_msg=key)

@@ -17,9 +17,9 @@ With `require_look=True` a submission made before any `look` in the episode is a
 every reward needs several turns and depends on what was observed.
 
 With `show_answer=True` the `look` observation also spells out the winning action,
-`key 5 -> submit 5`: winning means repeating text seen a turn earlier, a skill a tiny random
-model picks up from RL in tens of iterations (mapping the key's digit onto the action is much
-slower to learn from a binary reward).
+`key 5 -> submit 5`: winning means repeating text seen a turn earlier. A tiny random model
+learns that from RL faster than mapping the key's digit onto the action (in the RL learning test:
+about 55% success after 40 iterations with 4 values, against the 25% of looking and guessing).
 """
 
 from __future__ import annotations

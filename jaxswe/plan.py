@@ -39,6 +39,20 @@ def model_config_of(cfg: RunConfig) -> tuple[Qwen2Config, str]:
         raise PlanError(str(err)) from None
 
 
+def model_shape(mc: Qwen2Config) -> ModelShape:
+    """The planner's view of a model config (`sharding` does not import `jaxswe`)."""
+    return ModelShape(
+        vocab=mc.vocab_size,
+        hidden=mc.hidden_size,
+        intermediate=mc.intermediate_size,
+        layers=mc.num_layers,
+        heads=mc.num_heads,
+        kv_heads=mc.num_kv_heads,
+        head_dim=mc.head_dim,
+        tie=mc.tie_word_embeddings,
+    )
+
+
 def plan_input(cfg: RunConfig, stage: str | None = None) -> tuple[PlanInput, str]:
     """The PlanInput of a config's training stage (rl if present, else rft/warmstart; or `stage`)."""
     mc, source = model_config_of(cfg)
@@ -55,18 +69,8 @@ def plan_input(cfg: RunConfig, stage: str | None = None) -> tuple[PlanInput, str
         sizes = resolve_axis_sizes(m.axes, m.num_hosts * m.devices_per_host)
     except ShardingError as err:
         raise PlanError(str(err)) from None
-    shape = ModelShape(
-        vocab=mc.vocab_size,
-        hidden=mc.hidden_size,
-        intermediate=mc.intermediate_size,
-        layers=mc.num_layers,
-        heads=mc.num_heads,
-        kv_heads=mc.num_kv_heads,
-        head_dim=mc.head_dim,
-        tie=mc.tie_word_embeddings,
-    )
     inp = PlanInput(
-        model=shape,
+        model=model_shape(mc),
         mesh=sizes,
         seq_len=seq_len,
         rows=rows,

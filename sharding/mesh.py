@@ -12,7 +12,6 @@ import math
 from collections.abc import Mapping, Sequence
 
 import jax
-import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh
 
@@ -93,8 +92,5 @@ def make_mesh(axes: Mapping[str, int], devices: Sequence[jax.Device] | None = No
             [ici[n] for n in names], [dcn[n] for n in names], devices=devices
         )
     else:
-        try:
-            grid = mesh_utils.create_device_mesh(shape, devices=devices)
-        except (ValueError, NotImplementedError, AssertionError):
-            grid = np.asarray(devices, dtype=object).reshape(shape)
+        grid = mesh_utils.create_device_mesh(shape, devices=devices)
     return Mesh(grid, names)

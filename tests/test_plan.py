@@ -12,7 +12,7 @@ from jaxswe.cli import main
 from jaxswe.config import load_config
 from jaxswe.model import get_preset
 from jaxswe.model.params import param_logical_axes
-from jaxswe.plan import plan_config
+from jaxswe.plan import model_shape, plan_config
 from jaxswe.train.logprobs import policy_logprobs
 from jaxswe.train.state import abstract_params
 from jaxswe.train.steps import batch_spec
@@ -138,16 +138,7 @@ def test_activation_estimate_within_25_percent_of_xla(remat, axes, rows):
     grad = jax.jit(jax.grad(loss), in_shardings=(ps, bs, bs, bs, bs), out_shardings=ps)
     i32, f32 = jax.ShapeDtypeStruct((rows, seq), jnp.int32), jax.ShapeDtypeStruct((rows, seq), jnp.float32)
     xla = grad.lower(abstract_params(cfg), i32, i32, i32, f32).compile().memory_analysis().temp_size_in_bytes
-    shape = ModelShape(
-        cfg.vocab_size,
-        cfg.hidden_size,
-        cfg.intermediate_size,
-        cfg.num_layers,
-        cfg.num_heads,
-        cfg.num_kv_heads,
-        cfg.head_dim,
-        cfg.tie_word_embeddings,
-    )
+    shape = model_shape(cfg)
     p = plan(
         PlanInput(
             shape,

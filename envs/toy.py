@@ -18,8 +18,8 @@ every reward needs several turns and depends on what was observed.
 
 With `show_answer=True` the `look` observation also spells out the winning action,
 `key 5 -> submit 5`: winning means repeating text seen a turn earlier. A tiny random model
-learns that from RL faster than mapping the key's digit onto the action (in the RL learning test:
-about 55% success after 40 iterations with 4 values, against the 25% of looking and guessing).
+learns that from RL faster than mapping the key's digit onto the action (in the RL learning test,
+with 2 values: success about 1.0 after 20 iterations, against the 0.5 of looking and guessing).
 """
 
 from __future__ import annotations
@@ -32,10 +32,8 @@ from envs.errors import EnvError
 
 _ACTION = re.compile(r"look|submit (\d+)")
 
-SYSTEM_PROMPT = (
-    "You play a guessing game. A key is hidden. "
-    "Reply with exactly one action: look (to see the key) or submit N (to answer)."
-)
+# Terse on purpose: every prompt token dilutes a random-init model's attention to the observation.
+SYSTEM_PROMPT = "find the key"
 
 
 class ToyEnv:
@@ -74,7 +72,7 @@ class ToyEnv:
         self._solved = False
         self._looked = False
         self._format_errors = 0
-        return f"find the key. actions: look, submit N (N in 0-{self.num_values - 1})"
+        return "look then submit"
 
     def step(self, action_text: str) -> Step:
         if self._key is None:

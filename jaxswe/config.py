@@ -171,6 +171,7 @@ class RLSection(Section):
     history_from: str | None = None  # run dir whose success history feeds the task filter
     tis_correction: bool = False  # truncated importance sampling for rollout/trainer gap
     tis_cap: float = Field(2.0, gt=0)
+    entropy_coef: float = Field(0.0, ge=0)  # entropy bonus on trained tokens; not in DAPO, 0 = off
     seq_len: int = Field(65536, gt=0)
     rows_per_step: int | None = Field(None, gt=0)  # fixed [rows, seq_len] per optimizer step (one compile)
 

@@ -1,16 +1,21 @@
 """RL alone learns a multi-turn skill from a random init: the RL loop of `jaxswe rl` (run_rl,
-embedded engine, sharded DAPO step) on the toy find-the-key env. With `require_look` a blind
-guess can neither win nor end the episode; with `show_answer` the `look` observation spells out
-the winning action. A random policy almost never wins; the learned one looks, then submits what
-it saw, winning more often than the 1/NV of looking and then guessing: it reads the observation
-of an earlier turn.
+embedded engine, sharded DAPO step, a small `rl.entropy_coef`) on the toy find-the-key env. With
+`require_look` a blind guess can neither win nor end the episode; with `show_answer` the `look`
+observation spells out the winning action; every episode draws its own key. A random policy
+almost never wins (a timeout also costs the turn penalty, -1). Looking and then guessing wins 1/2
+with 2 values, so the >= 80% this test asks for means the policy reads the observation of an
+earlier turn and copies it.
 
-Known gap (issue 7 asks for >= 80%): success plateaus near 50-60%. Before the policy reads the
-observation, every `submit N` after a look is equally good, and softmax policy gradient commits
-to one of equally good actions (the update widens whichever gap noise opened), so the choice of
-N collapses before copying is learned; the trainer learns the copy from the same ±1 advantages in
-40-60 steps when actions are uniform. `JAXSWE_LEARNING_TUNE` (JSON: seed, p, g, lr, iters, tps)
-overrides the settings for tuning runs by hand."""
+Measured (lr 3e-3, 8 x 8 episodes an iteration, 30 iterations): with entropy_coef 0.02, seeds 0,
+1 and 2 pass 0.8 by iteration 14-19 and end near 1.0; with plain DAPO (entropy_coef 0) seeds 1
+and 2 got there too but seed 0 stalled near 0.5. The stall: before the policy reads the
+observation every `submit N` after a look is equally good, softmax policy gradient commits to one
+of them, and a near-deterministic wrong answer gets almost no gradient; the bonus keeps the choice
+open until copying is learned. With 4 values, success stayed between 0.25 and 0.84 over the seeds
+and coefficients tried (0 to 0.1, 40-60 iterations), and ToyEnv's earlier long prompts (53 tokens
+of context at the decision instead of 25) slowed copying further.
+`JAXSWE_LEARNING_TUNE` (JSON: seed, p, g, lr, iters, tps, ent) overrides the settings for tuning runs
+by hand."""
 
 import json
 import os
@@ -25,8 +30,8 @@ from jaxswe.stages.rl import RLSetup, run_rl
 from jaxswe.stages.rollouts import EmbeddedBackend
 from jaxswe.stages.trainer import Trainer
 
-NV = 4
-MAX_ITERATIONS = 40
+NV = 2
+MAX_ITERATIONS = 30
 WIDE = {"hidden_size": 128, "intermediate_size": 256, "num_heads": 8, "num_kv_heads": 4}
 TUNE = json.loads(os.environ.get("JAXSWE_LEARNING_TUNE", "{}"))
 
@@ -46,6 +51,7 @@ def test_rl_learns_toy_env_from_random_init(tmp_path):
             "trajectories_per_step": TUNE.get("tps", p * g // 4),
             "turn_penalty_threshold": 3,
             "rows_per_step": 16,
+            "entropy_coef": TUNE.get("ent", 0.02),
         },
     )
     policy, tok = toy_policy(tmp_path, NV, seed=seed, single_token_actions=True, **WIDE)
@@ -56,7 +62,14 @@ def test_rl_learns_toy_env_from_random_init(tmp_path):
     setup = RLSetup(
         cfg=cfg,
         stage_dir=tmp_path / "rl",
-        trainer=Trainer(policy.model_cfg, policy.params, cfg.optimizer, eps_low=0.2, eps_high=0.28),
+        trainer=Trainer(
+            policy.model_cfg,
+            policy.params,
+            cfg.optimizer,
+            eps_low=cfg.rl.eps_low,
+            eps_high=cfg.rl.eps_high,
+            entropy_coef=cfg.rl.entropy_coef,
+        ),
         backend=EmbeddedBackend(EmbeddedEngine(sampler, max_batch=p * g), policy.model_cfg),
         tokenizer=tok,
         # every episode draws its own key: a policy that ignores the observation wins 1/NV
@@ -69,8 +82,6 @@ def test_rl_learns_toy_env_from_random_init(tmp_path):
     returns = [r["reward_mean"] for r in rows]
     print("pass rates", rates)
     assert len(rows) == cfg.rl.iterations and all(r["infra_failures"] == 0 for r in rows)
-    best2 = lambda xs: max(sum(xs[i : i + 2]) / 2 for i in range(len(xs) - 1))  # noqa: E731
     assert rates[0] <= 0.2 and returns[0] <= -0.8, (rates, returns)
-    # 128 episodes at 0.4 sit > 3 standard errors above 1/NV = 0.25 (looking, then guessing)
-    assert best2(rates) >= 0.4, rates
-    assert best2(returns) >= 0.3, returns
+    # 64 episodes at 0.8 sit more than 4 standard errors above the 0.5 of looking, then guessing
+    assert max(rates) >= 0.8 and sum(rates[-3:]) / 3 >= 0.8, rates

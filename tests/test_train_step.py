@@ -148,6 +148,34 @@ def test_sft_step_with_micro_batches_equals_full_batch_update(model):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), updated, want)
 
 
+def test_entropy_bonus_step_equals_reference_and_raises_entropy(model):
+    """entropy_coef c: loss = DAPO - c * sum(mask * H) / sum(mask); with zero advantages the step
+    moves only along the entropy gradient, so the trained tokens' entropy goes up."""
+    cfg, params, _ = model
+    batch = dict(make_batch(cfg, params, seed=3), advantages=np.zeros((B, T), np.float32))
+    ids, pos, seg = (jnp.asarray(batch[k]) for k in ("input_ids", "positions", "segment_ids"))
+    mask = jnp.asarray(batch["loss_mask"])
+    coef, opt = 0.05, optax.sgd(1.0)
+
+    def loss_fn(p):
+        logp, ent = token_logprobs(p, cfg, ids, positions=pos, segment_ids=seg, return_entropy=True)
+        pg = dapo_loss(logp, jnp.asarray(batch["old_logprobs"]), jnp.asarray(batch["advantages"]), mask)[0]
+        return pg - coef * jnp.sum(mask * ent) / jnp.sum(mask)
+
+    def mean_entropy(p):
+        ent = token_logprobs(p, cfg, ids, positions=pos, segment_ids=seg, return_entropy=True)[1]
+        return float(jnp.sum(mask * ent) / jnp.sum(mask))
+
+    mesh = make_mesh({"fsdp": 1}, jax.devices()[:1])
+    step = make_dapo_step(cfg, opt, mesh, make_rules(), entropy_coef=coef)
+    state, metrics = step(init_train_state(params, opt, step.state_shardings), batch)
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5)
+    want = optax.apply_updates(params, opt.update(grads, opt.init(params), params)[0])
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), state.params, want)
+    assert mean_entropy(state.params) > mean_entropy(params) + 1e-6  # 2e-5 at this step size
+
+
 def test_policy_logprobs_unjitted_without_mesh_equal_token_logprobs(model):
     cfg, params, _ = model
     batch = make_batch(cfg, params, seed=2)

@@ -52,6 +52,7 @@ def run_rl_stage(ctx: StageContext, *, history_from: str | None, resume: bool) -
         cfg.optimizer,
         eps_low=rl.eps_low,
         eps_high=rl.eps_high,
+        entropy_coef=rl.entropy_coef,
         mesh_cfg=cfg.mesh,
     )
     setup = RLSetup(

@@ -39,6 +39,7 @@ class Trainer:
         *,
         eps_low: float = 0.2,
         eps_high: float = 0.28,
+        entropy_coef: float = 0.0,
         mesh_cfg: MeshSection | None = None,
     ):
         self.model_cfg = model_cfg
@@ -54,7 +55,14 @@ class Trainer:
         )
         self._sft = make_sft_step(model_cfg, self.optimizer, self.mesh, self.rules, **common)
         self._dapo = make_dapo_step(
-            model_cfg, self.optimizer, self.mesh, self.rules, eps_low=eps_low, eps_high=eps_high, **common
+            model_cfg,
+            self.optimizer,
+            self.mesh,
+            self.rules,
+            eps_low=eps_low,
+            eps_high=eps_high,
+            entropy_coef=entropy_coef,
+            **common,
         )
         self._shardings: TrainState = self._sft.state_shardings
         self._lp = make_compute_logprobs(

@@ -139,7 +139,7 @@ def _make_step(setup: _Setup, optimizer, keys, loss_of, lr_schedule) -> Callable
 
             def loss_fn(params, mb):
                 logp, entropy = setup.logprobs(params, mb)
-                loss, aux = loss_of(logp, mb, num_tokens)
+                loss, aux = loss_of(logp, entropy, mb, num_tokens)
                 aux = dict(aux, entropy=jax.lax.stop_gradient(_masked_mean(entropy, mb["loss_mask"])))
                 return loss, aux
 
@@ -192,7 +192,7 @@ def make_sft_step(
     """
     setup = _Setup(model_cfg, optimizer, mesh, rules, num_micro, context_attention)
 
-    def loss_of(logp, mb, num_tokens):
+    def loss_of(logp, entropy, mb, num_tokens):
         return sft_loss(logp, mb["loss_mask"], num_tokens=num_tokens)
 
     return _make_step(setup, optimizer, SFT_KEYS, loss_of, lr_schedule)
@@ -207,15 +207,21 @@ def make_dapo_step(
     *,
     eps_low: float = 0.2,
     eps_high: float = 0.28,
+    entropy_coef: float = 0.0,
     lr_schedule: optax.Schedule | None = None,
     context_attention: str = "ring",
 ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
-    """step(state, batch) -> (state, metrics) of the DAPO clipped objective (per-token advantages)."""
+    """step(state, batch) -> (state, metrics) of the DAPO clipped objective (per-token advantages).
+
+    With `entropy_coef` > 0 the loss also subtracts entropy_coef x the policy's entropy summed over
+    the trained tokens, normalized by the same global token count (an exploration bonus; DAPO
+    itself has none, so it is 0 by default).
+    """
     setup = _Setup(model_cfg, optimizer, mesh, rules, num_micro, context_attention)
 
-    def loss_of(logp, mb, num_tokens):
+    def loss_of(logp, entropy, mb, num_tokens):
         chex.assert_equal_shape([logp, mb["old_logprobs"], mb["advantages"]])
-        return dapo_loss(
+        loss, aux = dapo_loss(
             logp,
             mb["old_logprobs"],
             mb["advantages"],
@@ -224,6 +230,9 @@ def make_dapo_step(
             eps_high=eps_high,
             num_tokens=num_tokens,
         )
+        if entropy_coef:
+            loss = loss - entropy_coef * jnp.sum(jnp.where(mb["loss_mask"] > 0, entropy, 0.0)) / num_tokens
+        return loss, aux
 
     return _make_step(setup, optimizer, DAPO_KEYS, loss_of, lr_schedule)
 

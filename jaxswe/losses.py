@@ -33,6 +33,8 @@ def dapo_loss(
     eps_high: float = 0.28,
     num_tokens: jax.Array | float | None = None,
     token_weights: jax.Array | None = None,
+    entropy: jax.Array | None = None,
+    entropy_coef: float = 0.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Token-level clipped policy-gradient loss of DAPO (no KL term).
 
@@ -40,7 +42,9 @@ def dapo_loss(
     rho = exp(logprobs - old_logprobs), N = num_tokens (global count over micro-batches and
     devices) or sum(mask). `advantages` is [B] (one per trajectory) or [B, T] (per token, for rows
     that pack several trajectories). `token_weights` (optional, [B, T], no gradient) scales each token,
-    e.g. truncated importance weights for a rollout/trainer mismatch.
+    e.g. truncated importance weights for a rollout/trainer mismatch. With `entropy_coef` > 0 the
+    loss also subtracts entropy_coef * sum(mask * entropy) / N, an exploration bonus on the policy's
+    entropy [B, T] at each token (DAPO itself has none, so it is off by default).
     aux holds masked means over this call's tokens: clip_fraction (the clip binds),
     clip_low_fraction, clip_high_fraction, approx_kl (k3 estimate of KL(old || new)),
     ratio_mean, ratio_max and num_tokens (this call's unmasked tokens).
@@ -66,6 +70,9 @@ def dapo_loss(
         chex.assert_equal_shape([token_weights, mask])
         weight_bt = weight_bt * jax.lax.stop_gradient(token_weights)
     loss = -jnp.sum(jnp.where(on_bt, weight_bt * objective_bt, 0.0)) / _normalizer(mask, num_tokens)
+    if entropy_coef:
+        chex.assert_equal_shape([entropy, mask])
+        loss = loss - entropy_coef * jnp.sum(jnp.where(on_bt, entropy, 0.0)) / _normalizer(mask, num_tokens)
 
     ratio_sg = jax.lax.stop_gradient(ratio_bt)
     low_bt = (adv_bt < 0) & (ratio_sg < 1.0 - eps_low)

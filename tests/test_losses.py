@@ -67,6 +67,20 @@ def test_dapo_loss_given_num_tokens_and_weights():
 
 
 @pytest.mark.parametrize("jit", [False, True])
+def test_dapo_loss_entropy_bonus_matches_numpy(jit):
+    logp, old, adv, mask = _inputs(5)
+    entropy = np.random.default_rng(5).uniform(0.0, 3.0, logp.shape).astype(np.float32)
+    fn = _maybe_jit(
+        lambda *a, ent: losses.dapo_loss(*a, num_tokens=40.0, entropy=ent, entropy_coef=0.05), jit
+    )
+    loss, _ = fn(logp, old, adv, mask, ent=entropy)
+    want = _np_dapo(logp, old, adv, mask, 0.2, 0.28, 40.0) - 0.05 * (mask * entropy).sum() / 40.0
+    np.testing.assert_allclose(loss, want, rtol=1e-5)
+    off, _ = losses.dapo_loss(logp, old, adv, mask, entropy=entropy)  # entropy_coef 0: plain DAPO
+    np.testing.assert_allclose(off, _np_dapo(logp, old, adv, mask, 0.2, 0.28), rtol=1e-5)
+
+
+@pytest.mark.parametrize("jit", [False, True])
 def test_dapo_gradient_is_analytic(jit):
     """d loss / d logp = -mask * A * rho / N where the unclipped term is the min, else 0."""
     logp, old, adv, mask = _inputs(5, scale=0.6)

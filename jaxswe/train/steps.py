@@ -211,17 +211,13 @@ def make_dapo_step(
     lr_schedule: optax.Schedule | None = None,
     context_attention: str = "ring",
 ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
-    """step(state, batch) -> (state, metrics) of the DAPO clipped objective (per-token advantages).
-
-    With `entropy_coef` > 0 the loss also subtracts entropy_coef x the policy's entropy summed over
-    the trained tokens, normalized by the same global token count (an exploration bonus; DAPO
-    itself has none, so it is 0 by default).
-    """
+    """step(state, batch) -> (state, metrics) of the DAPO clipped objective (per-token advantages),
+    plus `dapo_loss`'s entropy bonus when `entropy_coef` > 0."""
     setup = _Setup(model_cfg, optimizer, mesh, rules, num_micro, context_attention)
 
     def loss_of(logp, entropy, mb, num_tokens):
         chex.assert_equal_shape([logp, mb["old_logprobs"], mb["advantages"]])
-        loss, aux = dapo_loss(
+        return dapo_loss(
             logp,
             mb["old_logprobs"],
             mb["advantages"],
@@ -229,10 +225,9 @@ def make_dapo_step(
             eps_low=eps_low,
             eps_high=eps_high,
             num_tokens=num_tokens,
+            entropy=entropy,
+            entropy_coef=entropy_coef,
         )
-        if entropy_coef:
-            loss = loss - entropy_coef * jnp.sum(jnp.where(mb["loss_mask"] > 0, entropy, 0.0)) / num_tokens
-        return loss, aux
 
     return _make_step(setup, optimizer, DAPO_KEYS, loss_of, lr_schedule)
 

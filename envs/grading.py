@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.backends import open_sandbox
-from envs.parsers import PARSERS, PASSING, parse_junit_xml
+from envs.parsers import PARSERS, PASSING, graded_failures, parse_junit_xml, status_of
 from envs.patches import file_sections, patch_files, split_patch
 from envs.sandbox import Sandbox
 from envs.tasks import Task
@@ -89,7 +89,8 @@ def grade_in(
     run = sandbox.exec(command, timeout=test_timeout)
     if command != task.test_command:
         try:
-            tests, messages = parse_junit_xml(sandbox.read_file(report))
+            listed = sandbox.exec("git ls-files -co --exclude-standard -- '*.py'", timeout=60).output
+            tests, messages = parse_junit_xml(sandbox.read_file(report), files=listed.splitlines())
         except Exception:  # no report or a broken one: every graded test is missing
             tests, messages = {}, {}
         sandbox.exec(f"rm -rf {shlex.quote(report.rsplit('/', 1)[0])}", timeout=30)
@@ -102,12 +103,12 @@ def _verdict(
     task: Task, tests: dict[str, str], messages: dict[str, str], log: str, exit_code: int, timed_out: bool,
     dropped: tuple[str, ...],
 ) -> GradeResult:  # fmt: skip
-    graded = [*task.fail_to_pass, *task.pass_to_pass]
-    statuses = {**tests, **{t: MISSING for t in graded if t not in tests}}
-    failing = [t for t in graded if statuses[t] not in PASSING]
+    graded = [*task.fail_to_pass, *task.pass_to_pass]  # SWE-bench's rules: envs.parsers
+    statuses = {**tests, **{t: status_of(t, tests) for t in graded if t not in tests}}
+    failing = graded_failures(task.fail_to_pass, task.pass_to_pass, tests)
     if failing:
-        first = failing[0]
-        reason = f"{len(failing)} of {len(graded)} graded tests not passing, e.g. {first} {statuses[first]}"
+        first, status = failing[0]
+        reason = f"{len(failing)} of {len(graded)} graded tests not passing, e.g. {first} {status}"
     elif timed_out:
         reason = "the test command timed out"
     elif exit_code != 0 and all(s in PASSING for s in tests.values()):

@@ -1,18 +1,33 @@
-"""Test-log parsers: test id -> status, from a junit-xml report or a named log format.
+"""Test statuses: parsing test logs and junit-xml reports, and SWE-bench's rules for grading them.
 
-Statuses: PASSED, FAILED, ERROR, SKIPPED, XFAIL (an expected failure counts as passing, as in
-SWE-bench). Text parsers read only the part of a log a test run writes itself where they can
-(pytest: the last `short test summary info` section), so lines an agent's code prints elsewhere
-are not read; grading prefers the junit-xml report when the test command is pytest.
+Statuses: PASSED, FAILED, ERROR, SKIPPED, XFAIL. Test ids are the official parsers' ids: pytest
+node ids named by the COLLECTING file (an inherited test method is `tests/test_child.py::Child::
+test_m`, not the file that defines it), cut at the first whitespace when read from a log (so
+`test_x[a b]` is published as `test_x[a`), Django's `test_m (module.Class)` or the docstring
+line it prints instead.
+
+Grading rules (SWE-bench 5.x, `resolve` / `fail_to_pass_ok` / `pass_to_pass_ok`): a graded id
+matches exactly; an id with more `[` than `]` (truncated at a space) matches the reported ids it
+prefixes when they all agree on passing vs failing. A FAIL_TO_PASS test must pass (PASSED or
+XFAIL); a PASS_TO_PASS test passes or is SKIPPED. A missing test fails.
+
+Text parsers by name: jaxswe's own `pytest` (reads only the last `short test summary info`
+section, so lines an agent's code prints elsewhere are not read) and `django`, which agree with
+the official ones on real logs (tests/test_parsers_official.py); every other name (e.g.
+`parse_log_sympy`) is the official parser of the `swebench` package (envs.official).
 """
 
 from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+
+from envs import official
+from envs.errors import TaskError
 
 PASSED, FAILED, ERROR, SKIPPED, XFAIL = "PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL"
+MISSING = "MISSING"
 PASSING = frozenset({PASSED, XFAIL})
 _RANK = {PASSED: 0, XFAIL: 0, SKIPPED: 1, FAILED: 2, ERROR: 3}
 
@@ -21,67 +36,167 @@ Parsed = tuple[dict[str, str], dict[str, str]]  # (status per test, failure mess
 
 def _record(tests: dict[str, str], name: str, status: str) -> None:
     """Keep the worst status of a test reported twice (e.g. passed, then errored in teardown)."""
-    if name not in tests or _RANK[status] > _RANK[tests[name]]:
+    if name not in tests or _RANK.get(status, 3) > _RANK.get(tests[name], 3):
         tests[name] = status
 
 
+# -- grading rules --------------------------------------------------------------------------------
+def resolve(case: str, tests: dict[str, str]) -> str | None:
+    """The reported id a graded id names (see the module docstring), or None."""
+    if case in tests:
+        return case
+    if case.count("[") > case.count("]"):
+        matches = [k for k in tests if k.startswith(case)]
+        if matches and len({tests[k] in PASSING for k in matches}) == 1:
+            return matches[0]
+    return None
+
+
+def status_of(case: str, tests: dict[str, str]) -> str:
+    key = resolve(case, tests)
+    return MISSING if key is None else tests[key]
+
+
+def fail_to_pass_ok(case: str, tests: dict[str, str]) -> bool:
+    return status_of(case, tests) in PASSING
+
+
+def pass_to_pass_ok(case: str, tests: dict[str, str]) -> bool:
+    return status_of(case, tests) in PASSING | {SKIPPED}
+
+
+def graded_failures(
+    fail_to_pass: Iterable[str], pass_to_pass: Iterable[str], tests: dict[str, str]
+) -> list[tuple[str, str]]:
+    """(test, status) of every graded test that breaks the rules; empty when resolved."""
+    bad = [(t, status_of(t, tests)) for t in fail_to_pass if not fail_to_pass_ok(t, tests)]
+    return bad + [(t, status_of(t, tests)) for t in pass_to_pass if not pass_to_pass_ok(t, tests)]
+
+
+# -- text parsers ---------------------------------------------------------------------------------
 _SUMMARY_RE = re.compile(r"^=+ short test summary info =+$")
-_SUMMARY_LINE_RE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) (\S.*?)(?: - (.*))?$")
+_STATUS_WORDS = (PASSED, FAILED, ERROR, XFAIL, SKIPPED)  # SWE-bench has no XPASS: such a test is missing
+_SKIP_COUNT_RE = re.compile(r"^\[\d+\]$")  # `SKIPPED [2] file:line: reason` names no test
 
 
 def parse_pytest(log: str) -> Parsed:
-    """`pytest -rA`: only the lines of the LAST `short test summary info` section."""
+    """`pytest -rA`: the lines of the LAST `short test summary info` section; the id is the first
+    whitespace-separated word after the status, as SWE-bench's parse_log_pytest takes it."""
     lines = log.splitlines()
     starts = [i for i, ln in enumerate(lines) if _SUMMARY_RE.match(ln.strip())]
     tests: dict[str, str] = {}
     messages: dict[str, str] = {}
-    if not starts:
-        return tests, messages
-    for line in lines[starts[-1] + 1 :]:
+    for line in lines[starts[-1] + 1 :] if starts else []:
         if line.startswith("="):
             break
-        m = _SUMMARY_LINE_RE.match(line.strip())
-        if not m or m.group(1) == SKIPPED and m.group(2).startswith("["):
+        words = line.split()
+        if len(words) < 2 or words[0] not in _STATUS_WORDS or _SKIP_COUNT_RE.match(words[1]):
             continue
-        status = PASSED if m.group(1) == "XPASS" else m.group(1)
-        _record(tests, m.group(2), status)
-        if m.group(3):
-            messages[m.group(2)] = m.group(3)
+        status = words[0]
+        _record(tests, words[1], status)
+        if " - " in line and status in (FAILED, ERROR):
+            messages[words[1]] = line.split(" - ", 1)[1]
     return tests, messages
 
 
-_DJANGO_RE = re.compile(r"^(\w+ \([\w.]+\))(?: \S.*?)? \.\.\. (ok|OK|FAIL|ERROR|skipped.*|expected failure)$")
-
-
 def parse_django(log: str) -> Parsed:
-    """Django's runtests.py with verbosity 2: `test_x (module.Class) ... ok`."""
+    """Django's runtests.py at verbosity 2: `test_m (module.Class) ... ok`; a test with a docstring
+    is named by the docstring's first line, as SWE-bench's parse_log_django names it."""
     tests: dict[str, str] = {}
-    for line in log.splitlines():
-        m = _DJANGO_RE.match(line.strip())
-        if m:
-            word = m.group(2).lower()
-            status = {"ok": PASSED, "fail": FAILED, "error": ERROR, "expected failure": XFAIL}.get(
-                word, SKIPPED
-            )
-            _record(tests, m.group(1), status)
+    previous = None
+    for raw in log.splitlines():
+        line = raw.strip()
+        if " ... " in line:
+            previous = line.split(" ... ")[0]
+        if line.endswith((" ... ok", " ... OK", " ...  OK")):
+            tests[line.rsplit(" ...", 1)[0].rstrip()] = PASSED
+        if " ... skipped" in line:
+            tests[line.split(" ... skipped")[0]] = SKIPPED
+        if line.endswith(" ... FAIL"):
+            tests[line.split(" ... FAIL")[0]] = FAILED
+        if line.endswith(" ... ERROR"):
+            tests[line.split(" ... ERROR")[0]] = ERROR
+        if line.startswith(("FAIL:", "ERROR:")) and len(line.split()) > 1:
+            tests[line.split()[1]] = FAILED if line.startswith("FAIL:") else ERROR
+        if line.startswith("ok") and previous is not None:
+            tests[previous] = PASSED  # output between `...` and `ok`
     return tests, {}
 
 
-def parse_junit_xml(xml_text: str) -> Parsed:
-    """A pytest junit-xml report (xunit1: testcases carry `file`) -> pytest node ids."""
+def _official(name: str) -> Callable[[str], Parsed] | None:
+    fn = official.parser(name=name)
+    return None if fn is None else (lambda log: (fn(log), {}))
+
+
+_OWN: dict[str, Callable[[str], Parsed]] = {
+    "pytest": parse_pytest,
+    "parse_log_pytest": parse_pytest,
+    "django": parse_django,
+    "parse_log_django": parse_django,
+}
+# SWE-bench's repo -> parser names for repos whose parser is not plain pytest.
+_BY_REPO_FALLBACK = {"django/django": "parse_log_django"}
+
+
+class _Parsers:
+    """`PARSERS[name]`: a parser by name (jaxswe's own first, then the official package's)."""
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name in _OWN or _official(name) is not None)
+
+    def __getitem__(self, name: str) -> Callable[[str], Parsed]:
+        fn = _OWN.get(name) or _official(name)
+        if fn is None:
+            hint = "" if official.available() else f" ({official.INSTALL_HINT})"
+            raise TaskError(f"unknown log parser {name!r}{hint}")
+        return fn
+
+    def known(self) -> list[str]:
+        return sorted(_OWN)
+
+
+PARSERS = _Parsers()
+
+
+def parser_name_for_repo(repo: str) -> str:
+    """SWE-bench's parser for a repository (e.g. sympy/sympy -> parse_log_sympy), pytest otherwise."""
+    return official.parser_name(repo) or _BY_REPO_FALLBACK.get(repo, "parse_log_pytest")
+
+
+# -- junit-xml ------------------------------------------------------------------------------------
+def _module_parts(parts: list[str], file: str | None, files: frozenset[str] | None) -> int:
+    """How many leading parts of a junit classname name the collecting module."""
+    if file:
+        dotted = file.removesuffix(".py").replace("/", ".").split(".")
+        if parts[: len(dotted)] == dotted:
+            return len(dotted)
+    if files:  # the longest prefix that is a file of the repository
+        for k in range(len(parts), 0, -1):
+            if "/".join(parts[:k]) + ".py" in files:
+                return k
+    for k, part in enumerate(parts):  # pytest collects classes `Test*`; modules are lower case
+        if part[:1].isupper():
+            return k
+    return len(parts)
+
+
+def parse_junit_xml(xml_text: str, files: Iterable[str] | None = None) -> Parsed:
+    """A pytest junit-xml report (xunit1) -> pytest node ids of the collecting file. `files`
+    (repository paths) places a class inherited from another file; without it, the first
+    capitalised part of the classname starts the class path."""
     root = ET.fromstring(xml_text)
+    files = frozenset(files) if files is not None else None
     tests: dict[str, str] = {}
     messages: dict[str, str] = {}
     for case in root.iter("testcase"):
         name = case.get("name", "")
         classname = case.get("classname", "")
-        file = case.get("file")
-        if file:
-            module = file.removesuffix(".py").replace("/", ".")
-            inner = classname[len(module) + 1 :] if classname.startswith(module + ".") else ""
-            node_id = "::".join([file, *([p for p in inner.split(".") if p]), name])
+        parts = [p for p in classname.split(".") if p]
+        if parts:
+            k = _module_parts(parts, case.get("file"), files)
+            node_id = "::".join(["/".join(parts[:k]) + ".py" if k else "", *parts[k:], name]).lstrip(":")
         else:
-            node_id = f"{classname}::{name}" if classname else name
+            node_id = name
         status, message = PASSED, ""
         for child in case:
             if child.tag == "failure":
@@ -94,13 +209,3 @@ def parse_junit_xml(xml_text: str) -> Parsed:
         if message and tests[node_id] == status:
             messages[node_id] = message.strip()
     return tests, messages
-
-
-PARSERS: dict[str, Callable[[str], Parsed]] = {
-    "pytest": parse_pytest,
-    "parse_log_pytest": parse_pytest,
-    "parse_log_pytest_v2": parse_pytest,
-    "parse_log_pytest_options": parse_pytest,
-    "django": parse_django,
-    "parse_log_django": parse_django,
-}

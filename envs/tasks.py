@@ -1,24 +1,44 @@
-"""Task records: SWE-bench / SWE-rebench JSON or JSONL, and the built-in suite.
+"""Task records as published: SWE-bench (Verified), SWE-Gym, SWE-rebench V1/V2, SWE-smith, and
+the built-in suite, from JSON or JSONL (list fields as lists or JSON strings).
 
-A task names where its repository comes from: its Docker image (SWE images hold it at /testbed),
-a clone in `$JAXSWE_REPOS_DIR/<owner>__<name>` (local backend, per-task images), or the built-in
-package data (`source_dir`, a materialized git repository).
+Each format gets its official defaults where the record leaves them out:
+- SWE-bench / SWE-Gym (no test command): SWE-bench's spec for repo+version (envs.official: e.g.
+  Django `./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 <modules>`, sympy
+  `bin/test -C --verbose <files>`) and its parser for the repo; a repo SWE-bench has no spec for
+  runs `pytest -rA <files test_patch touches>`. Image `sweb.eval.x86_64.<id>:latest` (remote
+  `swebench/...` with `__` -> `_1776_`), repository at /testbed, tools in conda env `testbed`.
+- SWE-rebench V1: `install_config` (python, packages, pip_packages, pre_install, install,
+  test_cmd, log_parser, ...) is the install recipe and test command.
+- SWE-rebench V2: `install_config.test_cmd` is a list of commands, `log_parser` names one of its
+  parsers, the image holds the repository at `/<name>` with no conda.
+- SWE-smith: there is no test_patch (the tests are in the repository) and `patch` introduces the
+  bug: the gold fix is its reverse; the whole suite runs.
+
+A task names where its repository comes from: its Docker image, a clone in
+`$JAXSWE_REPOS_DIR/<owner>__<name>` (local backend, per-task images), or the built-in package
+data (`source_dir`, a materialized git repository).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envs import official
 from envs.errors import TaskError
-from envs.parsers import PARSERS
+from envs.parsers import PARSERS, parser_name_for_repo
 from envs.patches import patch_files
 
 DEFAULT_TEST_CMD = "pytest -rA"
-_REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+TESTBED = "/testbed"
+CONDA_INIT = "source /opt/miniconda3/bin/activate && conda activate testbed"
+FORMATS = ("swe-bench", "swe-rebench", "swe-rebench-v2", "swe-smith")
+_REQUIRED = ("instance_id", "repo", "base_commit", "patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+_NON_TEST_EXTS = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
 
 
 @dataclass(frozen=True)
@@ -38,12 +58,24 @@ class Task:
     log_parser: str = "pytest"
     image: str | None = None
     version: str = ""
+    format: str = "swe-bench"
+    workdir: str = TESTBED  # where the task's image holds the repository
+    shell_init: str = ""  # run before each command in the task's image (SWE images: conda)
+    install: dict[str, Any] = field(default_factory=dict, hash=False)  # the install recipe
+    env_commit: str = ""  # environment_setup_commit: the commit the environment is built at
     source_dir: str | None = field(default=None, compare=False)  # a git repo holding base_commit (built-in)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def test_command(self) -> str:
         return " ".join([self.test_cmd, *self.test_directives])
+
+    @property
+    def remote_image(self) -> str | None:
+        """SWE-bench's Docker Hub name of the task's image (SWE-bench-format tasks only)."""
+        if self.format != "swe-bench" or self.repo.startswith("builtin/"):
+            return None
+        return official.instance_image(self.instance_id, namespace="swebench")
 
     def repos_dir_clone(self, *, missing_ok: bool = False) -> Path | None:
         """`$JAXSWE_REPOS_DIR/<owner>__<name>` if it exists (else None, or the path if missing_ok)."""
@@ -52,8 +84,10 @@ class Task:
         return path if missing_ok or path.is_dir() else None
 
     def to_record(self) -> dict[str, Any]:
-        """A SWE-bench-style record that `load_tasks` reads back into an equal Task."""
+        """A record that `load_tasks` reads back into an equal Task (every default made explicit)."""
         record = dict(self.raw)
+        for name in ("install_config", "eval_script", "environment_setup_commit", "docker_image"):
+            record.pop(name, None)
         record.update(
             {
                 "instance_id": self.instance_id,
@@ -69,6 +103,12 @@ class Task:
                 "log_parser": self.log_parser,
                 "image_name": self.image,
                 "version": self.version,
+                "format": "jaxswe",
+                "source_format": self.format,
+                "workdir": self.workdir,
+                "shell_init": self.shell_init,
+                "install": self.install,
+                "env_commit": self.env_commit,
             }
         )
         return record
@@ -79,66 +119,161 @@ def _fail(index: int, record: Any, name: str, why: str) -> TaskError:
     return TaskError(f"task record {index} (instance_id={iid!r}): field {name!r} {why}")
 
 
-def _test_list(index: int, record: dict, name: str) -> tuple[str, ...]:
-    value = record[name]
-    if isinstance(value, str):
+def _json_field(index: int, record: dict, name: str, value: Any, kinds: tuple[type, ...]) -> Any:
+    """A field published as a value or as a JSON string of it."""
+    if isinstance(value, str) and str not in kinds:
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
-            raise _fail(index, record, name, "is a string that is not a JSON list") from None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise _fail(index, record, name, "is a string that is not valid JSON") from None
+    if not isinstance(value, kinds):
+        raise _fail(index, record, name, f"must be {' or '.join(k.__name__ for k in kinds)}")
+    return value
+
+
+def _test_list(index: int, record: dict, name: str) -> tuple[str, ...]:
+    value = _json_field(index, record, name, record[name], (list,))
+    if not all(isinstance(v, str) for v in value):
         raise _fail(index, record, name, "must be a list of test names")
     return tuple(value)
 
 
-def _test_directives(repo: str, test_patch: str) -> tuple[str, ...]:
+def _test_directives(record: dict, test_patch: str) -> tuple[str, ...]:
     """SWE-bench's convention: run the test files test_patch touches (Django: dotted modules)."""
-    files = [f for f in patch_files(test_patch) if f.endswith(".py")]
-    if repo == "django/django":
-        files = [f.removeprefix("tests/").removesuffix(".py").replace("/", ".") for f in files]
+    if official.available():
+        return tuple(official.test_directives({**record, "test_patch": test_patch}))
+    files = [f for f in patch_files(test_patch) if not f.endswith(_NON_TEST_EXTS)]
+    if record["repo"] == "django/django":
+        files = [f.removesuffix(".py").removeprefix("tests/").replace("/", ".") for f in files]
     return tuple(files)
 
 
+_SWAP_HEADERS = {
+    "new file mode": "deleted file mode", "deleted file mode": "new file mode",
+    "rename from": "rename to", "rename to": "rename from", "copy from": "copy to", "copy to": "copy from",
+    "old mode": "new mode", "new mode": "old mode",
+}  # fmt: skip
+
+
+def _side(name: str, prefix: str) -> str:
+    """`a/x` or `b/x` as the other side's name (`/dev/null` stays)."""
+    return name if name.startswith("/dev/null") else prefix + name[2:]
+
+
+def reverse_patch(diff: str) -> str:
+    """The reverse of a unified git diff (what `git apply -R` applies), for SWE-smith's fixes."""
+    out: list[str] = []
+    lines = diff.splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if m := re.match(r"diff --git a/(\S+) b/(\S+)(\s*)$", line):
+            out.append(f"diff --git a/{m.group(2)} b/{m.group(1)}{m.group(3)}")
+        elif line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
+            out += [f"--- {_side(lines[i + 1][4:], 'a/')}", f"+++ {_side(line[4:], 'b/')}"]
+            i += 1
+        elif m := re.match(r"@@ -(\S+) \+(\S+) @@", line):
+            out.append(f"@@ -{m.group(2)} +{m.group(1)} @@{line[m.end() :]}")
+        elif m := re.match(r"index (\w+)\.\.(\w+)", line):
+            out.append(f"index {m.group(2)}..{m.group(1)}{line[m.end() :]}")
+        elif key := next((k for k in _SWAP_HEADERS if line.startswith(k + " ")), None):
+            out.append(_SWAP_HEADERS[key] + line[len(key) :])
+        elif line[:1] in "+-":
+            out.append({"+": "-", "-": "+"}[line[0]] + line[1:])
+        else:
+            out.append(line)
+        i += 1
+    return "".join(out)
+
+
+def _detect_format(record: dict, install: dict) -> str:
+    declared = record.get("source_format") if record.get("format") == "jaxswe" else record.get("format")
+    if declared:
+        return declared
+    if "swesmith" in str(record.get("image_name", "")).lower():
+        return "swe-smith"
+    if isinstance(install.get("test_cmd"), list):
+        return "swe-rebench-v2"
+    return "swe-rebench" if install else "swe-bench"
+
+
+def _str_field(index: int, record: dict, name: str, default: str = "") -> str:
+    value = record.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise _fail(index, record, name, "must be a string")
+    return value
+
+
 def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = None) -> Task:
-    """Validate one SWE-bench / SWE-rebench record (or a record written by `Task.to_record`)."""
+    """Validate one published record (or one written by `Task.to_record`) into a Task."""
     if not isinstance(record, dict):
         raise TaskError(f"task record {index}: expected a JSON object, got {type(record).__name__}")
     for name in _REQUIRED:
         if name not in record:
             raise _fail(index, record, name, "is missing")
-    for name in ("instance_id", "repo", "base_commit", "patch", "test_patch"):
+    for name in ("instance_id", "repo", "base_commit", "patch"):
         if not isinstance(record[name], str):
             raise _fail(index, record, name, "must be a string")
     if not record["instance_id"]:
         raise _fail(index, record, "instance_id", "is empty")
-    install = record.get("install_config") or {}
-    if isinstance(install, str):
-        try:
-            install = json.loads(install)
-        except json.JSONDecodeError:
-            raise _fail(index, record, "install_config", "is not a JSON object") from None
-    if not isinstance(install, dict):
-        raise _fail(index, record, "install_config", "must be an object")
-    test_cmd = record.get("test_cmd") or install.get("test_cmd") or DEFAULT_TEST_CMD
+    install = record.get("install") if record.get("format") == "jaxswe" else record.get("install_config")
+    install = _json_field(index, record, "install_config", install or {}, (dict,))
+    fmt = _detect_format(record, install)
+    if fmt not in FORMATS:
+        raise _fail(index, record, "format", f"names an unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+    if fmt != "swe-smith" and "test_patch" not in record:
+        raise _fail(index, record, "test_patch", "is missing")
+    patch, test_patch = record["patch"], record.get("test_patch") or ""
+    if not isinstance(test_patch, str):
+        raise _fail(index, record, "test_patch", "must be a string")
+    if fmt == "swe-smith" and record.get("format") != "jaxswe":
+        patch = reverse_patch(patch)  # SWE-smith's `patch` breaks the code; its reverse fixes it
+    version = str(record.get("version") or "")
+    spec = official.spec(record["repo"], version) if fmt == "swe-bench" else None
+
+    test_cmd = record.get("test_cmd") or install.get("test_cmd")
+    if isinstance(test_cmd, str) and test_cmd.lstrip().startswith("["):
+        test_cmd = _json_field(index, record, "test_cmd", test_cmd, (list,))
     if isinstance(test_cmd, list):
-        test_cmd = " && ".join(test_cmd) if len(test_cmd) > 1 else (test_cmd[0] if test_cmd else "")
+        if not all(isinstance(c, str) for c in test_cmd):
+            raise _fail(index, record, "test_cmd", "must be a command or a list of commands")
+        test_cmd = " && ".join(test_cmd)
+    if test_cmd is None and fmt == "swe-bench":
+        if version and not official.available():
+            official.require(
+                f"task record {index} (instance_id={record['instance_id']!r}) has no test_cmd and"
+            )
+        if official.knows_repo(record["repo"]) and spec is None:
+            raise _fail(index, record, "version", f"{version!r} has no SWE-bench spec for {record['repo']}")
+        if spec is not None:
+            test_cmd = "; ".join([*spec.get("eval_commands", []), spec["test_cmd"]])
+            install = {k: v for k, v in spec.items() if k not in ("test_cmd", "eval_commands")}
+    test_cmd = DEFAULT_TEST_CMD if test_cmd is None else test_cmd
     if not isinstance(test_cmd, str) or not test_cmd.strip():
         raise _fail(index, record, "test_cmd", "must be a non-empty command")
-    parser = record.get("log_parser") or install.get("log_parser") or "pytest"
-    if parser not in PARSERS:
-        raise _fail(
-            index, record, "log_parser", f"names an unknown parser {parser!r} (known: {sorted(PARSERS)})"
-        )
+
+    parser = record.get("log_parser") or install.get("log_parser") or parser_name_for_repo(record["repo"])
+    if not isinstance(parser, str) or parser not in PARSERS:
+        hint = "" if official.available() else f"; {official.INSTALL_HINT}"
+        raise _fail(index, record, "log_parser", f"names an unknown parser {parser!r}{hint}")
     image = record.get("image_name") or record.get("docker_image") or record.get("image")
     if image is not None and not isinstance(image, str):
         raise _fail(index, record, "image_name", "must be a string")
+    if image is None and fmt == "swe-bench" and not record["repo"].startswith("builtin/"):
+        image = official.instance_image(record["instance_id"])
     if "test_directives" in record:
         directives = record["test_directives"]
         if not isinstance(directives, list) or not all(isinstance(d, str) for d in directives):
             raise _fail(index, record, "test_directives", "must be a list of strings")
         directives = tuple(directives)
+    elif fmt in ("swe-bench", "swe-rebench"):
+        directives = _test_directives(record, test_patch)
     else:
-        directives = _test_directives(record["repo"], record["test_patch"])
+        directives = ()  # V2 commands name their tests; SWE-smith runs the whole suite
+    default_workdir = "/" + record["repo"].rsplit("/", 1)[-1] if fmt == "swe-rebench-v2" else TESTBED
+    default_init = "" if fmt == "swe-rebench-v2" or record["repo"].startswith("builtin/") else CONDA_INIT
     if source_dir is None and record["repo"].startswith("builtin/"):
         from envs.builtin import builtin_source
 
@@ -150,8 +285,8 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
         instance_id=record["instance_id"],
         repo=record["repo"],
         base_commit=record["base_commit"],
-        patch=record["patch"],
-        test_patch=record["test_patch"],
+        patch=patch,
+        test_patch=test_patch,
         problem_statement=str(record.get("problem_statement", "")),
         fail_to_pass=fail_to_pass,
         pass_to_pass=_test_list(index, record, "PASS_TO_PASS"),
@@ -159,7 +294,13 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
         test_directives=directives,
         log_parser=parser,
         image=image,
-        version=str(record.get("version", "")),
+        version=version,
+        format=fmt,
+        workdir=_str_field(index, record, "workdir", default_workdir),
+        shell_init=_str_field(index, record, "shell_init", default_init),
+        install=install,
+        env_commit=_str_field(index, record, "env_commit")
+        or _str_field(index, record, "environment_setup_commit"),
         source_dir=source_dir,
         raw=dict(record),
     )

@@ -234,7 +234,12 @@ def test_parse_junit_xunit1_node_ids():
 
 def test_parse_django():
     log = "test_a (app.tests.T) ... ok\ntest_b (app.tests.T)\nDocstring ... FAIL\ntest_c (app.tests.T) ... ERROR\n"  # noqa: E501
-    assert parse_django(log)[0] == {"test_a (app.tests.T)": "PASSED", "test_c (app.tests.T)": "ERROR"}
+    # a test with a docstring is named by it, as SWE-bench's parse_log_django names it
+    assert parse_django(log)[0] == {
+        "test_a (app.tests.T)": "PASSED",
+        "Docstring": "FAILED",
+        "test_c (app.tests.T)": "ERROR",
+    }
 
 
 def test_output_buffer_cuts_head_and_tail():

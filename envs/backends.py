@@ -1,6 +1,7 @@
 """`open_sandbox(task, backend)`: a fresh sandbox at the task's clean base state.
 
-local: a copy of the task's clean template repository (see envs.repos). docker: the task's image
+local: a copy of the task's clean template repository (see envs.repos), its commands run with
+the task's virtualenv (envs.venvs), never the host's site-packages. docker: the task's image
 (its SWE image when the engine has it, cleaned of later history once and cached as a derived
 image; else the base image + the clean repository). In neither is there test_patch, the gold
 patch, the test lists or any commit, tag, remote or reflog entry after base_commit.
@@ -24,8 +25,11 @@ def open_sandbox(task: Task, backend: str = "local", **limits: Any) -> Sandbox:
     if backend == "local":
         from envs.local import LocalSandbox
         from envs.repos import clean_template
+        from envs.venvs import task_venv, venv_env
 
-        return LocalSandbox(clean_template(task), **limits)
+        template = clean_template(task)
+        env = {**venv_env(task, template), **limits.pop("env", {})}
+        return LocalSandbox(template, env=env, ro_paths=(str(task_venv(task)),), **limits)
     if backend == "docker":
         from envs.docker_sandbox import DockerSandbox, _client
         from envs.images import task_image

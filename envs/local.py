@@ -106,6 +106,7 @@ class LocalSandbox:
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
         isolation: str = "auto",
         env: dict[str, str] | None = None,
+        ro_paths: tuple[str, ...] = (),
     ):
         if isolation not in ("auto", "bwrap", "none"):
             raise SandboxError(f"isolation must be auto, bwrap or none, got {isolation!r}")
@@ -116,6 +117,7 @@ class LocalSandbox:
         )
         self.timeout = resolve_timeout(timeout, DEFAULT_TIMEOUT_S)
         self.output_limit = output_limit
+        self.ro_paths = tuple(str(p) for p in ro_paths)  # read-only in the sandbox (the task venv)
         self.id = uuid.uuid4().hex
         self._counter = itertools.count()
         self._closed = False
@@ -140,7 +142,9 @@ class LocalSandbox:
             "TMPDIR": str(self.root / "tmp"),
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # the host's pytest plugins are not the task's
             SANDBOX_MARKER: self.id,
-            **(env or {}),
+            **{
+                k: v.replace("{workdir}", self.workdir) for k, v in (env or {}).items()
+            },  # task venv: envs.venvs
         }
 
     # -- commands -------------------------------------------------------------------------------
@@ -151,6 +155,8 @@ class LocalSandbox:
         if not self.root.is_relative_to("/tmp"):
             binds += ["--bind", str(self.root / "tmp"), "/tmp"]
         binds += ["--bind", str(self.root), str(self.root)]
+        for path in self.ro_paths:
+            binds += ["--ro-bind", path, path]
         flags = ["--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent"]
         return ["bwrap", *binds, *flags, "--chdir", self.workdir, "--", "bash", "-c", command]
 

@@ -1,0 +1,163 @@
+"""Per-task virtual environments for the local backend, built once from a task's install recipe.
+
+`task_venv(task)` builds (once, cached under `$JAXSWE_CACHE_DIR/venvs/<key>`, under a file lock)
+a virtualenv WITHOUT the host's site-packages holding pytest and the recipe's packages
+(`pip_packages`, `packages` / `reqs_path` requirement files); when the recipe installs the
+repository itself (`install`, e.g. `pip install -e .`), it is run in a clean copy of the repository at
+the environment commit and the repository's own distribution is uninstalled again, so its
+dependencies stay and the code under test is always the sandbox's checkout: `venv_env` puts the
+checkout's import root (`src/` for a src layout, else the root) on PYTHONPATH and the venv's bin
+first on PATH. Recipes with no `install` share one venv per recipe. `pre_install` (apt-get
+lines for Docker images) is not run locally. The venv's Python is the first `python<version>` of
+the recipe found on PATH, else the host's base interpreter.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from envs.errors import SandboxError
+from envs.repos import GIT_ENV, cache_dir, git, task_source
+
+if TYPE_CHECKING:
+    from envs.tasks import Task
+
+_READY = "jaxswe-venv.json"
+_RECIPE_KEYS = ("python", "packages", "pip_packages", "reqs_path", "install")
+
+
+def _recipe(task: Task) -> dict[str, Any]:
+    return {k: task.install[k] for k in _RECIPE_KEYS if task.install.get(k)}
+
+
+def _python(version: str | None) -> str:
+    if version:
+        found = shutil.which(f"python{version}")
+        if found:
+            return found
+    return getattr(sys, "_base_executable", None) or sys.executable
+
+
+def venv_key(task: Task) -> str:
+    """The cache key: the recipe, and (when it installs the repository) repo + environment commit."""
+    recipe = _recipe(task)
+    parts: dict[str, Any] = {"recipe": recipe, "python": _python(str(recipe.get("python") or ""))}
+    if recipe.get("install"):
+        parts |= {"repo": task.repo, "commit": task.env_commit or task.base_commit}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _run(cmd: list[str] | str, *, cwd: Path, env: dict[str, str], what: str) -> None:
+    done = subprocess.run(cmd, cwd=cwd, env=env, shell=isinstance(cmd, str), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SandboxError(
+            f"building the task venv: {what} failed ({done.returncode}): {done.stderr[-1500:]}"
+        )
+
+
+def _requirement_files(recipe: dict[str, Any], repo: Path) -> list[Path]:
+    names = recipe.get("reqs_path") or []
+    if recipe.get("packages") == "requirements.txt" and not names:
+        names = ["requirements.txt"]
+    return [repo / n for n in ([names] if isinstance(names, str) else names) if (repo / n).is_file()]
+
+
+def _import_root(checkout: Path) -> str:
+    """`src` for a src layout (a package under src/), else the repository root."""
+    src = checkout / "src"
+    if src.is_dir() and any((p / "__init__.py").is_file() or p.suffix == ".py" for p in src.iterdir()):
+        return "src"
+    return "."
+
+
+def _build(task: Task, venv: Path) -> None:
+    recipe = _recipe(task)
+    python = _python(str(recipe.get("python") or ""))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_"))}
+    env |= {"PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(venv),
+            "PYTHONNOUSERSITE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}  # fmt: skip
+    _run([python, "-m", "venv", str(venv)], cwd=venv.parent, env=env, what="python -m venv")
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    packages = list(recipe.get("pip_packages") or [])
+    if isinstance(recipe.get("packages"), str) and recipe["packages"] not in ("", "requirements.txt"):
+        packages += recipe["packages"].split()  # SWE-bench lists conda packages here; pip gets the same names
+    if not any(p.split("=")[0].split("<")[0].split(">")[0].strip() == "pytest" for p in packages):
+        packages.append("pytest")
+    _run([*pip, *packages], cwd=venv.parent, env=env, what=f"pip install {' '.join(packages)}")
+    install = recipe.get("install")
+    if not install:
+        return
+    with tempfile.TemporaryDirectory(prefix="jaxswe-venv-build-") as tmp:
+        checkout = Path(tmp) / "repo"
+        commit = task.env_commit or task.base_commit
+        done = subprocess.run(["git", "clone", "-q", "--no-checkout", str(task_source(task)), str(checkout)],
+                              capture_output=True, text=True, env={**os.environ, **GIT_ENV})  # fmt: skip
+        if done.returncode != 0:
+            raise SandboxError(f"building the task venv: git clone failed: {done.stderr[-500:]}")
+        git(checkout, "checkout", "-q", commit)
+        for req in _requirement_files(recipe, checkout):
+            _run([*pip, "-r", str(req)], cwd=checkout, env=env, what=f"pip install -r {req.name}")
+        for command in [install] if isinstance(install, str) else install:
+            _run(command, cwd=checkout, env=env, what=command)
+        own = _own_distributions(venv, checkout)
+        if own:
+            _run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y", *own], cwd=checkout,
+                 env=env, what="pip uninstall of the repository itself")  # fmt: skip
+
+
+def _own_distributions(venv: Path, checkout: Path) -> list[str]:
+    """Distributions in `venv` installed from `checkout` (their direct_url.json points at it)."""
+    names = []
+    for direct in venv.glob("lib/python*/site-packages/*.dist-info/direct_url.json"):
+        try:
+            url = json.loads(direct.read_text()).get("url", "")
+        except (OSError, json.JSONDecodeError):
+            continue
+        if url.startswith("file://") and Path(url[7:]).resolve() == checkout.resolve():
+            meta = (direct.parent / "METADATA").read_text(errors="replace")
+            names += [ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Name:")][:1]
+    return names
+
+
+def task_venv(task: Task) -> Path:
+    """The task's venv (built on first use; concurrent callers wait for one build)."""
+    root = cache_dir() / "venvs"
+    root.mkdir(parents=True, exist_ok=True)
+    venv = root / venv_key(task)
+    if (venv / _READY).is_file():
+        return venv
+    with open(root / f"{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (venv / _READY).is_file():
+            return venv
+        shutil.rmtree(venv, ignore_errors=True)  # a build that died half-way
+        venv.mkdir()
+        try:
+            _build(task, venv)
+        except BaseException:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise
+        (venv / _READY).write_text(json.dumps({"recipe": _recipe(task), "repo": task.repo}))
+    return venv
+
+
+def venv_env(task: Task, checkout: Path | None = None) -> dict[str, str]:
+    """Environment for the sandbox's commands: the task venv first on PATH, the checkout's import
+    root on PYTHONPATH (`{workdir}` stands for the sandbox's repository root)."""
+    venv = task_venv(task)
+    root = _import_root(checkout) if checkout is not None else "."
+    return {
+        "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        "VIRTUAL_ENV": str(venv),
+        "PYTHONPATH": "{workdir}" if root == "." else "{workdir}/" + root,
+        "PYTHONNOUSERSITE": "1",
+    }

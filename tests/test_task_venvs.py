@@ -1,0 +1,79 @@
+"""Local task environments: a per-task venv from the install recipe, never the host's packages.
+
+The host venv has toolz 1.2.0 installed, which already holds the partition_all fix of toolz commit
+5a7e078; the task sits at that commit's parent. Graded against the host's copy, the empty patch
+would pass; graded against the repository's code (the task venv), gold resolves and empty fails.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from envs.backends import open_sandbox
+from envs.grading import grade
+from envs.tasks import task_from_record
+from envs.venvs import task_venv, venv_key
+
+REPOS = Path("/work/shared/repos")
+FIX = "5a7e078"
+
+
+@pytest.fixture(scope="module")
+def toolz_task(tmp_path_factory):
+    if not (REPOS / "toolz.bundle").is_file():
+        pytest.skip("shared repositories missing")
+    root = tmp_path_factory.mktemp("venvs")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("JAXSWE_CACHE_DIR", str(root / "cache"))
+    mp.setenv("JAXSWE_REPOS_DIR", str(root / "repos"))
+    clone = root / "repos" / "pytoolz__toolz"
+    subprocess.run(["git", "clone", "-q", "--bare", str(REPOS / "toolz.bundle"), str(clone)], check=True)
+
+    def git(*args):
+        return subprocess.run(
+            ["git", "-C", str(clone), *args], capture_output=True, text=True, check=True
+        ).stdout
+
+    parent = git("rev-parse", f"{FIX}^").strip()
+    record = {
+        "instance_id": "pytoolz__toolz-603",
+        "repo": "pytoolz/toolz",
+        "base_commit": parent,
+        "patch": git("diff", parent, FIX, "--", "toolz/itertoolz.py"),
+        "test_patch": git("diff", parent, FIX, "--", "toolz/tests"),
+        "FAIL_TO_PASS": ["toolz/tests/test_itertoolz.py::test_partition_all"],
+        "PASS_TO_PASS": ["toolz/tests/test_itertoolz.py::test_remove"],
+        "install_config": {"install": "pip install -e .", "test_cmd": "pytest -rA"},
+    }
+    yield task_from_record(record)
+    mp.undo()
+
+
+def test_host_installed_package_is_not_what_the_task_grades(toolz_task):
+    import toolz  # the host's copy, a later release holding the fix
+
+    assert "site-packages" in toolz.__file__
+    gold = grade(toolz_task, toolz_task.patch)
+    assert gold.resolved, gold.reason
+    empty = grade(toolz_task, "")
+    assert not empty.resolved and empty.tests["toolz/tests/test_itertoolz.py::test_partition_all"] == "FAILED"
+
+
+def test_sandbox_commands_use_the_task_venv(toolz_task):
+    venv = task_venv(toolz_task)
+    assert task_venv(toolz_task) == venv  # cached: built once
+    with open_sandbox(toolz_task, "local") as sb:
+        where = sb.exec("python -c 'import sys, toolz; print(sys.prefix); print(toolz.__file__)'")
+        assert where.exit_code == 0, where.output
+        prefix, module = where.output.split()
+        assert prefix == str(venv) and module.startswith(sb.workdir)  # the checkout, not site-packages
+        assert sb.exec("command -v pytest").output.strip() == str(venv / "bin" / "pytest")
+        assert sb.exec("python -c 'import jax'").exit_code != 0  # no host site-packages
+    # a recipe that installs nothing shares one venv; one that installs the repo is per repo+commit
+    bare = task_from_record({**toolz_task.raw, "install_config": {"test_cmd": "pytest -rA"}})
+    other = task_from_record({**toolz_task.raw, "repo": "other/toolz"})
+    assert venv_key(bare) == venv_key(task_from_record({**bare.raw, "repo": "x/y"}))
+    assert venv_key(other) != venv_key(toolz_task)

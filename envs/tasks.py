@@ -111,6 +111,8 @@ class Task:
                 "env_commit": self.env_commit,
             }
         )
+        if self.source_dir is not None and not self.repo.startswith("builtin/"):
+            record["source_dir"] = self.source_dir
         return record
 
 
@@ -274,6 +276,8 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
         directives = ()  # V2 commands name their tests; SWE-smith runs the whole suite
     default_workdir = "/" + record["repo"].rsplit("/", 1)[-1] if fmt == "swe-rebench-v2" else TESTBED
     default_init = "" if fmt == "swe-rebench-v2" or record["repo"].startswith("builtin/") else CONDA_INIT
+    if source_dir is None and not record["repo"].startswith("builtin/"):
+        source_dir = _str_field(index, record, "source_dir") or None  # a local repository (mined tasks)
     if source_dir is None and record["repo"].startswith("builtin/"):
         from envs.builtin import builtin_source
 

@@ -1,4 +1,4 @@
-"""`jaxswe tasks validate|filter`: thin commands over envs.validate_task / envs.filter_tasks."""
+"""`jaxswe tasks validate|filter|mine`: thin commands over envs.validate / envs.mining."""
 
 from __future__ import annotations
 
@@ -71,8 +71,64 @@ def filter_(
     print(f"kept {len(kept)} of {len(tasks)} tasks -> {out}", file=sys.stderr)
 
 
+def mine(
+    repo: Path = typer.Argument(..., help="a git repository (a clone; its HEAD's history is mined)"),
+    out: Path = typer.Option(Path("mined.jsonl"), "--out", help="JSONL file for the valid task records"),
+    since: str = typer.Option(None, "--since", help="only commits after this date (git's --since)"),
+    until: str = typer.Option(None, "--until", help="only commits before this date (git's --until)"),
+    limit: int = typer.Option(None, "--limit", min=1, help="only the newest N commits of the range"),
+    name: str = typer.Option(None, "--name", help="owner/name of the repository (default: from origin)"),
+    install: str = typer.Option(
+        None,
+        "--install",
+        help="install recipe as JSON (install_config; default pip install -e . + pytest -rA)",
+    ),
+    runs: int = typer.Option(3, "--runs", min=1, help="test runs per side and gold runs (flakiness check)"),
+    workers: int = typer.Option(1, "--workers", min=1, help="commits processed at once"),
+    timeout: float = typer.Option(600.0, "--timeout", help="seconds allowed for one test run"),
+) -> None:
+    """Tasks from a git history: commits changing source and tests, FAIL_TO_PASS/PASS_TO_PASS from
+    runs before and after, the paper's filters, validated. Resumes from --out's .state.jsonl."""
+    from tqdm import tqdm
+
+    from envs.errors import TaskError
+    from envs.mining import candidate_commits
+    from envs.mining import mine as mine_repo
+
+    if not repo.is_dir():
+        raise UserError(f"{repo} is not a directory")
+    try:
+        recipe = json.loads(install) if install else None
+    except json.JSONDecodeError as err:
+        raise UserError(f"--install is not JSON: {err.msg}") from None
+    if recipe is not None and not isinstance(recipe, dict):
+        raise UserError("--install must be a JSON object (an install_config)")
+    try:
+        total = len(candidate_commits(repo, since, until))
+    except Exception as err:
+        raise UserError(f"{repo}: cannot read its history: {err}") from None
+    with tqdm(total=min(total, limit or total), desc="mining", unit="commit", file=sys.stderr) as bar:
+        kept = 0
+
+        def progress(outcome) -> None:
+            nonlocal kept
+            kept += outcome.record is not None
+            bar.set_postfix(valid=kept)
+            bar.update()
+
+        try:
+            counts = mine_repo(
+                repo, out, since=since, until=until, name=name, install=recipe, runs=runs, workers=workers,
+                limit=limit, on_outcome=progress, test_timeout=timeout,
+            )  # fmt: skip
+        except TaskError as err:
+            raise UserError(str(err)) from None
+    print(json.dumps({"stages": counts, "out": str(out)}))
+
+
 def register(app: typer.Typer) -> None:
-    tasks = typer.Typer(help="Check and filter SWE task files.", no_args_is_help=True)
+    tasks = typer.Typer(help="Check, filter and mine SWE task files.", no_args_is_help=True)
     tasks.command("validate")(validate)
     tasks.command("filter")(filter_)
+    tasks.command("mine")(mine)
     app.add_typer(tasks, name="tasks")

@@ -1,0 +1,228 @@
+"""Mining SWE tasks from a git history (SWE-rebench's pipeline, the paper's filters).
+
+For every non-merge commit C with one parent P, in order (each stage's survivors go on):
+1. `src+tests`: C changes both test files (envs.patches.is_test_path, .py) and non-test .py files.
+2. `size`: the non-test part (the gold `patch`) changes <= 7 files and < 500 lines.
+3. `tests ran`: in the task's environment (local sandbox + task venv), the test files C touches run
+   at P with the test part (`test_patch`) applied ("before") and with both parts ("after"),
+   each `runs` times; a run whose test_patch does not apply or reports no test is dropped.
+4. `fail-to-pass`: FAIL_TO_PASS = tests not passing before (any run) and passing after (every
+   run); PASS_TO_PASS = passing in every run of both; tests whose status differs between runs
+   of the same side are flaky and dropped. A task without FAIL_TO_PASS is dropped.
+5. `no import/attribute error`: a task whose failing tests fail with ImportError/AttributeError
+   (or ModuleNotFoundError) before the fix is dropped (the fix adds an API rather than fixing it).
+6. `valid`: envs.validate.validate_task: gold resolves in every one of `runs` fresh sandboxes,
+   the empty patch does not.
+
+Every commit's outcome is appended to a state file as it finishes, so a rerun resumes where
+the last one stopped; commits are processed by `workers` threads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from envs.errors import EnvError, TaskError
+from envs.grading import grade
+from envs.parsers import PASSING
+from envs.patches import is_test_path
+from envs.repos import git
+from envs.tasks import Task, task_from_record
+from envs.validate import static_reject, validate_task
+
+STAGES = ("commits", "src+tests", "size", "tests ran", "fail-to-pass", "no import/attribute error", "valid")
+DEFAULT_INSTALL = {"install": "pip install -e .", "test_cmd": "pytest -rA"}
+_NAME_ERROR_RE = re.compile(r"\b(ImportError|ModuleNotFoundError|AttributeError)\b")
+_PLACEHOLDER = "jaxswe::placeholder"  # a graded id no run reports (grading wants one F2P test)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One commit's result: the last stage it passed, why it stopped, and the task record if kept."""
+
+    commit: str
+    stage: str
+    reason: str = ""
+    record: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"commit": self.commit, "stage": self.stage, "reason": self.reason, "record": self.record}
+
+
+def repo_name(repo_dir: Path) -> str:
+    """owner/name from the origin URL (github style), else `local/<directory name>`."""
+    url = git(repo_dir, "config", "--get", "remote.origin.url", check=False).strip()
+    m = re.search(r"[:/]([\w.-]+)/([\w.-]+?)(?:\.git)?/?$", url)
+    if m and not url.endswith(".bundle"):
+        return f"{m.group(1)}/{m.group(2)}"
+    return f"local/{repo_dir.resolve().name.removesuffix('.git')}"
+
+
+def candidate_commits(repo_dir: Path, since: str | None = None, until: str | None = None) -> list[str]:
+    """Non-merge commits of HEAD's history, oldest first (optionally `--since` / `--until` dates)."""
+    args = ["rev-list", "--no-merges", "--reverse", *([f"--since={since}"] if since else []),
+            *([f"--until={until}"] if until else []), "HEAD"]  # fmt: skip
+    return git(repo_dir, *args).split()
+
+
+def split_commit(repo_dir: Path, commit: str) -> tuple[str, str, str] | None:
+    """(parent, patch, test_patch) of a commit changing .py tests and .py non-test files, else None."""
+    parents = git(repo_dir, "rev-list", "--parents", "-n", "1", commit).split()[1:]
+    if len(parents) != 1:
+        return None
+    files = git(repo_dir, "diff", "--name-only", "--no-renames", parents[0], commit).split("\n")
+    files = [f for f in files if f]
+    tests = [f for f in files if is_test_path(f)]
+    source = [f for f in files if f not in tests]
+    if not any(f.endswith(".py") for f in tests) or not any(f.endswith(".py") for f in source):
+        return None
+    diff = ["diff", "--no-renames", "--binary", parents[0], commit, "--"]
+    return parents[0], git(repo_dir, *diff, *source), git(repo_dir, *diff, *tests)
+
+
+def _runs(task: Task, patch: str, runs: int, **limits: Any) -> list[dict[str, str]] | str:
+    """Statuses of `runs` test runs with `patch` (+ test_patch), or why they could not run."""
+    results = []
+    for _ in range(runs):
+        graded = grade(task, patch, "local", **limits)
+        if graded.error or graded.reason.startswith("patch does not apply"):
+            return graded.reason
+        tests = {t: s for t, s in graded.tests.items() if t != _PLACEHOLDER}
+        if not tests:
+            return f"the test run reported no tests: {graded.log[-300:]}"
+        results.append((tests, graded.messages))
+    return results
+
+
+def _stable(runs: list[tuple[dict[str, str], dict[str, str]]]) -> dict[str, str]:
+    """Tests with the same status in every run (flaky ones dropped)."""
+    first = runs[0][0]
+    return {t: s for t, s in first.items() if all(r[0].get(t) == s for r in runs[1:])}
+
+
+def mine_commit(
+    repo_dir: Path, commit: str, *, name: str, env_commit: str, install: dict[str, Any], runs: int = 3,
+    max_files: int = 7, max_lines: int = 500, **limits: Any,
+) -> Outcome:  # fmt: skip
+    """Run one commit through the stages (see the module docstring)."""
+    split = split_commit(repo_dir, commit)
+    if split is None:
+        return Outcome(commit, "commits", "does not change both .py tests and .py source")
+    parent, patch, test_patch = split
+    record = {
+        "instance_id": f"{name.replace('/', '__')}-{commit[:10]}",
+        "repo": name,
+        "base_commit": parent,
+        "patch": patch,
+        "test_patch": test_patch,
+        "problem_statement": git(repo_dir, "log", "-1", "--format=%B", commit).strip(),
+        "FAIL_TO_PASS": [_PLACEHOLDER],
+        "PASS_TO_PASS": [],
+        "install_config": install,
+        "environment_setup_commit": env_commit,
+        "created_at": git(repo_dir, "log", "-1", "--format=%cI", commit).strip(),
+        "source_dir": str(repo_dir.resolve()),
+        "mined_from": commit,
+    }
+    task = task_from_record(record)
+    if why := static_reject(task, max_files=max_files, max_lines=max_lines):
+        return Outcome(commit, "src+tests", why)
+    before = _runs(task, "", runs, **limits)
+    after = _runs(task, patch, runs, **limits) if not isinstance(before, str) else before
+    if isinstance(before, str) or isinstance(after, str):
+        return Outcome(commit, "size", f"tests did not run: {before if isinstance(before, str) else after}")
+    stable_after = _stable(after)
+    stable_before = _stable(before)
+    f2p = sorted(
+        t for t, s in stable_after.items()
+        if s in PASSING and all(r[0].get(t, "MISSING") not in PASSING for r in before)
+    )  # fmt: skip
+    p2p = sorted(t for t, s in stable_after.items() if s in PASSING and stable_before.get(t) in PASSING)
+    if not f2p:
+        return Outcome(commit, "tests ran", "no test fails before and passes after (or only flaky ones)")
+    messages = " ".join(m for r in before for m in r[1].values())
+    if _NAME_ERROR_RE.search(messages):
+        return Outcome(commit, "fail-to-pass", "the failing tests fail with ImportError/AttributeError")
+    task = replace(task, fail_to_pass=tuple(f2p), pass_to_pass=tuple(p2p))
+    record = {**task.to_record(), "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p}
+    task = task_from_record(record)
+    check = validate_task(task, runs=runs, backend="local", **limits)
+    if not check.ok:
+        return Outcome(commit, "no import/attribute error", check.reason)
+    return Outcome(commit, "valid", "", task.to_record())
+
+
+def read_state(path: Path) -> dict[str, Outcome]:
+    """Outcomes recorded so far (a torn last line from a killed run is ignored)."""
+    done: dict[str, Outcome] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+                done[row["commit"]] = Outcome(row["commit"], row["stage"], row["reason"], row["record"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+    return done
+
+
+def stage_counts(outcomes: list[Outcome], scanned: int) -> dict[str, int]:
+    """How many commits reached each stage (the yield of every filter)."""
+    reached = Counter(STAGES.index(o.stage) for o in outcomes)
+    counts = {"commits": scanned}
+    for i, stage in enumerate(STAGES[1:], 1):
+        counts[stage] = sum(n for k, n in reached.items() if k >= i)
+    return counts
+
+
+def mine(
+    repo_dir: str | Path, out: str | Path, *, since: str | None = None, until: str | None = None,
+    name: str | None = None, install: dict[str, Any] | None = None, runs: int = 3, workers: int = 1,
+    limit: int | None = None, on_outcome: Callable[[Outcome], None] | None = None, **limits: Any,
+) -> dict[str, int]:  # fmt: skip
+    """Mine `repo_dir` into the JSONL file `out` (state in `out`.state.jsonl); returns stage counts."""
+    repo_dir, out = Path(repo_dir), Path(out)
+    if not (repo_dir / ".git").exists() and not (repo_dir / "HEAD").is_file():
+        raise TaskError(f"{repo_dir} is not a git repository")
+    if runs < 1 or workers < 1:
+        raise EnvError(f"runs and workers must be >= 1, got {runs} and {workers}")
+    name = name or repo_name(repo_dir)
+    commits = (
+        candidate_commits(repo_dir, since, until)[-limit:]
+        if limit
+        else candidate_commits(repo_dir, since, until)
+    )
+    env_commit = git(repo_dir, "rev-parse", "HEAD").strip()
+    state_path = out.with_name(out.name + ".state.jsonl")
+    done = read_state(state_path)
+    todo = [c for c in commits if c not in done]
+    lock = threading.Lock()
+
+    def work(commit: str) -> Outcome:
+        try:
+            outcome = mine_commit(repo_dir, commit, name=name, env_commit=env_commit,
+                                  install=install or DEFAULT_INSTALL, runs=runs, **limits)  # fmt: skip
+        except EnvError as err:
+            outcome = Outcome(commit, "size", f"error: {err}")
+        with lock:
+            with state_path.open("a") as f:
+                f.write(json.dumps(outcome.to_json()) + "\n")
+            done[commit] = outcome
+        if on_outcome is not None:
+            on_outcome(outcome)
+        return outcome
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(work, todo))
+    kept = [done[c].record for c in commits if done[c].record is not None]
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.replace(out)
+    return stage_counts([done[c] for c in commits], len(commits))

@@ -1,0 +1,69 @@
+"""`jaxswe tasks mine` on a bounded range of toolz's real history (the full runs: docs/tasks.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envs.mining import STAGES, Outcome, _stable, mine, split_commit, stage_counts
+from envs.tasks import load_tasks
+from envs.validate import validate_task
+
+BUNDLE = Path("/work/shared/repos/toolz.bundle")
+FIX = "5a7e078"  # partition_all raises on a lying __len__ (toolz#603)
+
+
+@pytest.fixture(scope="module")
+def toolz(tmp_path_factory):
+    if not BUNDLE.is_file():
+        pytest.skip("shared repositories missing")
+    repo = tmp_path_factory.mktemp("mine") / "toolz"
+    subprocess.run(["git", "clone", "-q", str(BUNDLE), str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "checkout", "-q", FIX], check=True)
+    return repo
+
+
+def test_mine_bounded_range_resumes_and_validates(toolz, tmp_path):
+    out = tmp_path / "tasks.jsonl"
+    seen: list[Outcome] = []
+    # the newest 4 commits up to the fix: three change no source+tests, the fix is a valid task
+    counts = mine(toolz, out, name="pytoolz/toolz", install={"test_cmd": "pytest -rA"}, runs=1, limit=4,
+                  workers=2, on_outcome=seen.append)  # fmt: skip
+    assert len(seen) == 4 and counts["commits"] == 4 and counts["valid"] == 1, [o.to_json() for o in seen]
+    assert list(counts) == list(STAGES)
+    (task,) = load_tasks(out)
+    assert task.fail_to_pass == ("toolz/tests/test_itertoolz.py::test_partition_all",)
+    assert "toolz/tests/test_itertoolz.py::test_remove" in task.pass_to_pass
+    assert task.patch.count("diff --git") == 1 and "toolz/tests/" in task.test_patch
+    assert task.source_dir == str(toolz.resolve())
+    # resumable: a rerun redoes nothing and writes the same tasks
+    again: list[Outcome] = []
+    assert mine(toolz, out, name="pytoolz/toolz", install={"test_cmd": "pytest -rA"}, runs=1, limit=4,
+                on_outcome=again.append) == counts  # fmt: skip
+    assert again == [] and load_tasks(out) == [task]
+    # the record validates as written (what `jaxswe tasks validate` runs)
+    check = validate_task(task, runs=1)
+    assert check.ok and not check.empty_resolved, check.reason
+
+
+def test_split_and_stage_counts(toolz):
+    parent, patch, test_patch = split_commit(toolz, FIX)
+    assert "toolz/itertoolz.py" in patch and "toolz/tests" not in patch and "toolz/tests/" in test_patch
+    outcomes = [Outcome("a", "commits"), Outcome("b", "size"), Outcome("c", "valid")]
+    assert stage_counts(outcomes, 3) == {
+        "commits": 3, "src+tests": 2, "size": 2, "tests ran": 1, "fail-to-pass": 1,
+        "no import/attribute error": 1, "valid": 1,
+    }  # fmt: skip
+    runs = [({"t1": "PASSED", "t2": "FAILED"}, {}), ({"t1": "PASSED", "t2": "PASSED"}, {})]
+    assert _stable(runs) == {"t1": "PASSED"}  # t2 is flaky
+
+
+def test_mine_cli_bad_repo_is_one_line(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "jaxswe", "tasks", "mine", str(tmp_path / "nope")],
+        capture_output=True, text=True, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr

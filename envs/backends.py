@@ -36,5 +36,5 @@ def open_sandbox(task: Task, backend: str = "local", **limits: Any) -> Sandbox:
 
         client = _client(limits.pop("client", None))
         image, shell_init = task_image(task, client=client)
-        return DockerSandbox(image, shell_init=shell_init, client=client, **limits)
+        return DockerSandbox(image, workdir=task.workdir, shell_init=shell_init, client=client, **limits)
     raise SandboxError(f"unknown sandbox backend {backend!r} (choose from {', '.join(BACKENDS)})")

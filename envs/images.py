@@ -2,8 +2,14 @@
 
 The base image is built locally (`debootstrap --variant=minbase`, then `docker import` of the root
 file system) from the Debian mirror apt is configured with on this machine, and cached by tag.
-A task image is the base plus the task's clean repository at `/testbed`. SWE-bench / SWE-rebench
-images (`sweb.eval.x86_64.<id>`) are used as they are when the engine already has them.
+Task images are layered as SWE-bench layers them: base -> environment image (the recipe's
+`pre_install` lines and a venv at /opt/jaxswe-venv over the image's Python with `pip_packages`;
+shared by every task with the same recipe) -> instance image (the task's clean repository at its
+workdir, its requirement files and `install` command run there). Build steps run WITH network
+(the engine's default bridge, or `$JAXSWE_BUILD_NETWORK`); sandboxes run the result with network
+none. A recipe with no such steps is the base image + the repository. SWE-bench / SWE-rebench
+images (`sweb.eval.x86_64.<id>`, or SWE-bench's remote name) are used as they are when the
+engine already has them.
 
     python -m envs base [--tag T] [--force]      build (or keep) the base image
     python -m envs task FILE [--force]           build the task images of a task file
@@ -16,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,16 +39,12 @@ if TYPE_CHECKING:
     from envs.tasks import Task
 
 BASE_IMAGE = "jaxswe/base:bookworm"
-BASE_PACKAGES = ("python3", "python-is-python3", "python3-pytest", "git", "procps", "coreutils", "patch")
+BASE_PACKAGES = (
+    "python3", "python-is-python3", "python3-pytest", "python3-venv", "python3-pip", "git", "procps",
+    "coreutils", "patch",
+)  # fmt: skip
+TASK_VENV = "/opt/jaxswe-venv"
 TESTBED = "/testbed"
-# SWE-bench / SWE-rebench images keep their tools in a conda env.
-SWE_SHELL_INIT = "source /opt/miniconda3/bin/activate && conda activate testbed"
-_SWE_IMAGE_RE = re.compile(r"(^|/)(sweb\.eval\.|swe-?rebench)", re.IGNORECASE)
-
-
-def is_swe_image(name: str) -> bool:
-    """True for SWE-bench / SWE-rebench style image names (repo at /testbed, tools in conda)."""
-    return bool(_SWE_IMAGE_RE.search(name))
 
 
 def apt_mirror(apt_dir: str | Path = "/etc/apt") -> tuple[str, str]:
@@ -122,49 +126,115 @@ def task_image_name(task: Task) -> str:
     return f"jaxswe/task:{name}-{task.base_commit[:12]}"
 
 
-def _repo_tar(repo_dir: Path) -> bytes:
+def _repo_tar(repo_dir: Path, workdir: str = TESTBED) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(str(repo_dir), arcname=TESTBED.strip("/"))
+        tar.add(str(repo_dir), arcname=workdir.strip("/"))
     return buf.getvalue()
 
 
-def build_task_image(task: Task, *, client=None, base: str = BASE_IMAGE, force: bool = False) -> str:
-    """Commit `base` + the task's clean repository at /testbed as the task's image (cached by tag)."""
-    import docker
+def build_network() -> str:
+    """The network of image build steps: `$JAXSWE_BUILD_NETWORK`, default the engine's `bridge`
+    (an engine started with --bridge=none needs `host`, as `docker build --network host`)."""
+    return os.environ.get("JAXSWE_BUILD_NETWORK", "bridge")
 
-    from envs.repos import clean_template
 
-    client = client or docker.from_env()
-    try:
-        base_id = client.images.get(base).id.removeprefix("sha256:")[:12]
-    except docker.errors.ImageNotFound:
-        raise SandboxError(f"base image {base} is missing; build it with `python -m envs base`") from None
-    tag = f"{task_image_name(task)}-{base_id}"  # a rebuilt base gives new task images
-    if not force:
-        try:
-            client.images.get(tag)
-            return tag
-        except docker.errors.ImageNotFound:
-            pass
-    data = _repo_tar(clean_template(task))
+def _layer(
+    client, image: str, tag: str, script: str, *, archive: bytes | None = None, env: dict | None = None,
+    workdir: str = "/",
+) -> str:  # fmt: skip
+    """Commit `image` + `script` (run WITH network, the build step) as `tag`."""
     container = client.containers.create(
-        base, command=["true"], network_mode="none", labels={"jaxswe.build": "1"}
-    )
+        image, command=["bash", "-c", script], network_mode=build_network(), labels={"jaxswe.build": "1"},
+        working_dir=workdir, environment=env or {},
+    )  # fmt: skip
     try:
-        container.put_archive("/", data)
+        if archive is not None:
+            container.put_archive("/", archive)
+        container.start()
+        status = container.wait(timeout=3600)
+        if status.get("StatusCode") != 0:
+            logs = container.logs().decode(errors="replace")[-1500:]
+            raise SandboxError(f"building image {tag} failed ({status.get('StatusCode')}): {logs}")
         repository, _, version = tag.partition(":")
-        container.commit(repository=repository, tag=version, conf={"WorkingDir": TESTBED, "Cmd": ["bash"]})
+        conf = {"WorkingDir": workdir, "Cmd": ["bash"]}
+        if env:
+            conf["Env"] = [f"{k}={v}" for k, v in env.items()]
+        container.commit(repository=repository, tag=version, conf=conf)
     finally:
         container.remove(force=True)
     return tag
 
 
+def _has(client, tag: str) -> bool:
+    import docker
+
+    try:
+        client.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def _lines(value) -> list[str]:
+    return [value] if isinstance(value, str) and value else list(value or [])
+
+
+def env_image(task: Task, *, client, base: str = BASE_IMAGE) -> tuple[str, dict[str, str]]:
+    """(the environment image of the task's recipe over `base`, its environment variables)."""
+    import hashlib
+    import json
+
+    pip = _lines(task.install.get("pip_packages"))
+    pre = _lines(task.install.get("pre_install"))
+    if not pip and not pre and not task.install.get("install"):
+        return base, {}
+    base_id = client.images.get(base).id.removeprefix("sha256:")[:12]
+    key = hashlib.sha256(json.dumps([base_id, pre, pip], sort_keys=True).encode()).hexdigest()[:16]
+    tag = f"jaxswe/env:{key}"
+    env = {"PATH": f"{TASK_VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "VIRTUAL_ENV": TASK_VENV}  # fmt: skip
+    if not _has(client, tag):
+        # the image's own packages (pytest from the base) stay visible; pip_packages go into the venv
+        venv = [f"python3 -m venv --system-site-packages --without-pip {TASK_VENV}"]
+        if pip:
+            packages = " ".join(shlex.quote(p) for p in pip)
+            venv = [
+                f"python3 -m venv --system-site-packages {TASK_VENV}",
+                f"{TASK_VENV}/bin/pip install -q {packages}",
+            ]
+        script = "\n".join(["set -e", *pre, *venv])
+        _layer(client, base, tag, script)
+    return tag, env
+
+
+def build_task_image(task: Task, *, client=None, base: str = BASE_IMAGE, force: bool = False) -> str:
+    """The task's instance image: its environment image + the clean repository at its workdir,
+    requirement files and `install` run there (cached by tag)."""
+    import docker
+
+    from envs.repos import clean_template
+
+    client = client or docker.from_env()
+    if not _has(client, base):
+        raise SandboxError(f"base image {base} is missing; build it with `python -m envs base`")
+    parent, env = env_image(task, client=client, base=base)
+    parent_id = client.images.get(parent).id.removeprefix("sha256:")[:12]
+    tag = f"{task_image_name(task)}-{parent_id}"  # a rebuilt base or environment gives new task images
+    if not force and _has(client, tag):
+        return tag
+    reqs = [f"[ ! -f {shlex.quote(r)} ] || pip install -q -r {shlex.quote(r)}"
+            for r in _lines(task.install.get("reqs_path"))]  # fmt: skip
+    script = "\n".join(["set -e", *reqs, *_lines(task.install.get("install"))])
+    archive = _repo_tar(clean_template(task), task.workdir)
+    return _layer(client, parent, tag, script, archive=archive, env=env, workdir=task.workdir)
+
+
 # Run once in a SWE image: drop everything in /testbed's git after base_commit ($1).
 _CLEAN_HISTORY = r"""
 set -e
-cd /testbed
-git rev-parse -q --verify "$1^{commit}" >/dev/null || { echo "base_commit $1 is not in /testbed"; exit 3; }
+cd "$2"
+git rev-parse -q --verify "$1^{commit}" >/dev/null || { echo "base_commit $1 is not in $2"; exit 3; }
 [ "$(git rev-parse HEAD)" = "$1" ] || git -c advice.detachedHead=false checkout -q "$1"
 branch=$(git symbolic-ref -q --short HEAD || true)
 git remote | xargs -r -n1 git remote remove
@@ -177,11 +247,13 @@ git gc -q --prune=now
 """
 
 
-def clean_swe_image(task: Task, *, client=None) -> str:
-    """A derived image of the task's SWE image with /testbed's history cut at base_commit (cached)."""
+def clean_swe_image(task: Task, *, client=None, image: str | None = None) -> str:
+    """A derived image of the task's SWE image (`image`, default task.image) with the history of
+    the repository at task.workdir cut at base_commit (cached)."""
     import docker
 
     client = client or docker.from_env()
+    image = image or task.image
     tag = task_image_name(task).replace("jaxswe/task:", "jaxswe/clean:", 1)
     try:
         client.images.get(tag)
@@ -189,7 +261,7 @@ def clean_swe_image(task: Task, *, client=None) -> str:
     except docker.errors.ImageNotFound:
         pass
     container = client.containers.create(
-        task.image, command=["bash", "-c", _CLEAN_HISTORY, "clean", task.base_commit],
+        image, command=["bash", "-c", _CLEAN_HISTORY, "clean", task.base_commit, task.workdir],
         network_mode="none", labels={"jaxswe.build": "1"},
     )  # fmt: skip
     try:
@@ -197,31 +269,31 @@ def clean_swe_image(task: Task, *, client=None) -> str:
         status = container.wait(timeout=1800)
         if status.get("StatusCode") != 0:
             logs = container.logs().decode(errors="replace")[-1000:]
-            raise SandboxError(f"task {task.instance_id}: cleaning {task.image} failed: {logs}")
+            raise SandboxError(f"task {task.instance_id}: cleaning {image} failed: {logs}")
         repository, _, version = tag.partition(":")
-        container.commit(repository=repository, tag=version, conf={"WorkingDir": TESTBED, "Cmd": ["bash"]})
+        container.commit(
+            repository=repository, tag=version, conf={"WorkingDir": task.workdir, "Cmd": ["bash"]}
+        )
     finally:
         container.remove(force=True)
     return tag
 
 
 def task_image(task: Task, *, client=None, base: str = BASE_IMAGE) -> tuple[str, str]:
-    """(image, shell init) of a task: its SWE image (history cleaned) when the engine has it, else
-    the base image + the clean repository."""
+    """(image, shell init) of a task: its published image (its name, else SWE-bench's remote name;
+    history cleaned) when the engine has it, else the layered image built from the local repository."""
     import docker
 
     client = client or docker.from_env()
-    if task.image:
-        try:
-            client.images.get(task.image)
-        except docker.errors.ImageNotFound:
-            if task.source_dir is None and task.repos_dir_clone() is None:
-                raise SandboxError(
-                    f"task {task.instance_id}: image {task.image} is not on the engine and there is no "
-                    f"local repository to build one from (looked in {task.repos_dir_clone(missing_ok=True)})"
-                ) from None
-        else:
-            return clean_swe_image(task, client=client), SWE_SHELL_INIT if is_swe_image(task.image) else ""
+    published = [name for name in (task.image, task.remote_image) if name]
+    for name in published:
+        if _has(client, name):
+            return clean_swe_image(task, client=client, image=name), task.shell_init
+    if published and task.source_dir is None and task.repos_dir_clone() is None:
+        raise SandboxError(
+            f"task {task.instance_id}: image {published[0]} is not on the engine and there is no "
+            f"local repository to build one from (looked in {task.repos_dir_clone(missing_ok=True)})"
+        )
     return build_task_image(task, client=client, base=base), ""
 
 

@@ -82,7 +82,7 @@ def _import_root(checkout: Path) -> str:
 def _build(task: Task, venv: Path) -> None:
     recipe = _recipe(task)
     python = _python(str(recipe.get("python") or ""))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env |= {"PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(venv),
             "PYTHONNOUSERSITE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}  # fmt: skip
     _run([python, "-m", "venv", str(venv)], cwd=venv.parent, env=env, what="python -m venv")

@@ -1,0 +1,81 @@
+"""Docker task images layered as SWE-bench layers them: base -> environment -> instance."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from envs.backends import open_sandbox
+from envs.images import BASE_IMAGE, build_task_image, env_image
+from envs.tasks import task_from_record
+
+pytestmark = pytest.mark.docker
+BUNDLE = Path("/work/shared/repos/cachetools.bundle")
+
+
+@pytest.fixture
+def client():
+    docker = pytest.importorskip("docker")
+    from envs.docker_sandbox import engine_available
+
+    if not engine_available():
+        pytest.skip("no Docker engine")
+    client = docker.from_env()
+    if not any(BASE_IMAGE in i.tags for i in client.images.list()):
+        pytest.skip(f"{BASE_IMAGE} not built")
+    return client
+
+
+def test_environment_and_instance_layers(client, tmp_path, monkeypatch):
+    if not BUNDLE.is_file():
+        pytest.skip("shared repositories missing")
+    monkeypatch.setenv("JAXSWE_CACHE_DIR", str(tmp_path / "cache"))
+    if "bridge" not in [n.name for n in client.networks.list()]:
+        monkeypatch.setenv("JAXSWE_BUILD_NETWORK", "host")  # an engine run with --bridge=none (CI)
+    repo = tmp_path / "cachetools"
+    subprocess.run(["git", "clone", "-q", "--bare", str(BUNDLE), str(repo)], check=True)
+    head = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout
+    recipe = {
+        "pre_install": [f"ls /sys/class/net > /opt/build-net-{tmp_path.name}"],  # unique: a fresh env image
+        "install": "test -f pyproject.toml && echo installed > /opt/instance-layer",
+        "test_cmd": "pytest -rA",
+    }
+    record = {
+        "instance_id": "tkem__cachetools-1", "repo": "tkem/cachetools", "base_commit": head.strip(),
+        "patch": "", "test_patch": "", "FAIL_TO_PASS": ["tests/test_cache.py::CacheTest::test_defaults"],
+        "PASS_TO_PASS": [], "install_config": recipe, "source_dir": str(repo),
+    }  # fmt: skip
+    task = task_from_record(record)
+    built = []
+    try:
+        env_tag, env = env_image(task, client=client)
+        built.append(env_tag)
+        assert env_tag.startswith("jaxswe/env:") and env["VIRTUAL_ENV"] == "/opt/jaxswe-venv"
+        tag = build_task_image(task, client=client)
+        built.append(tag)
+        layers = lambda name: client.images.get(name).attrs["RootFS"]["Layers"]  # noqa: E731
+        base, envl, inst = layers(BASE_IMAGE), layers(env_tag), layers(tag)
+        assert inst[: len(envl)] == envl and envl[: len(base)] == base and len(inst) > len(envl) > len(base)
+        # a second task with the same recipe reuses the environment image
+        other = task_from_record({**record, "instance_id": "tkem__cachetools-2"})
+        assert env_image(other, client=client)[0] == env_tag
+        with open_sandbox(task, "docker", timeout=60) as sb:
+            assert sb.workdir == "/testbed"
+            build_net = sb.exec(f"cat /opt/build-net-{tmp_path.name}").output.split()
+            assert any(n != "lo" for n in build_net), build_net  # built with network
+            assert sb.exec("ls /sys/class/net").output.split() == ["lo"]  # run with network none
+            assert sb.exec("cat /opt/instance-layer").output.strip() == "installed"
+            assert sb.exec("command -v python").output.strip() == "/opt/jaxswe-venv/bin/python"
+            assert (
+                sb.exec("PYTHONPATH=src python -m pytest -q tests/test_cache.py 2>&1 | tail -1").output.count(
+                    "passed"
+                )
+                == 1
+            )
+    finally:
+        for name in reversed(built):
+            client.images.remove(name, force=True)

@@ -209,8 +209,8 @@ def mine(
         try:
             outcome = mine_commit(repo_dir, commit, name=name, env_commit=env_commit,
                                   install=install or DEFAULT_INSTALL, runs=runs, **limits)  # fmt: skip
-        except EnvError as err:
-            outcome = Outcome(commit, "size", f"error: {err}")
+        except (EnvError, OSError) as err:  # one commit's failure (a vanished sandbox) ends only it
+            outcome = Outcome(commit, "size", f"error: {type(err).__name__}: {err}")
         with lock:
             with state_path.open("a") as f:
                 f.write(json.dumps(outcome.to_json()) + "\n")

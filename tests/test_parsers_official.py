@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,6 +46,8 @@ CORPUS = [
     ("toolz", "HEAD", None),
     ("boltons", "HEAD", None),
     ("toolz", "5a7e078^", "5a7e078"),  # partition_all with a lying __len__: real failures
+    ("cachetools", "86352aed^", "86352aed"),  # mined tasks' parents with their fixes' tests
+    ("boltons", "289edfc^", "289edfc"),
 ]
 
 
@@ -74,7 +77,7 @@ def _run_suite(tmp: Path, name: str, commit: str, tests_from: str | None) -> tup
 @needs_repos
 def test_statuses_agree_with_official_parser_on_real_logs(tmp_path):
     official_pytest = official.parser(name="parse_log_pytest")
-    seen_statuses, totals = set(), {"tests": 0, "inherited": 0, "truncated": 0}
+    seen_statuses, totals = Counter(), {"tests": 0, "truncated": 0}
     with ThreadPoolExecutor(2) as pool:
         runs = list(pool.map(lambda case: _run_suite(tmp_path, *case), CORPUS))
     for (name, _, _), (log, xml, files) in zip(CORPUS, runs, strict=True):
@@ -88,11 +91,10 @@ def test_statuses_agree_with_official_parser_on_real_logs(tmp_path):
             disagree = {k: (v, status_of(k, junit)) for k, v in expected.items() if status_of(k, junit) != v}
             assert not disagree, (name, list(disagree.items())[:5])
         totals["tests"] += len(expected)
-        totals["inherited"] += sum("Test::" in k and name == "cachetools" for k in expected)
         totals["truncated"] += sum(k.count("[") > k.count("]") for k in expected)
-        seen_statuses |= set(expected.values())
-    assert {PASSED, FAILED} <= seen_statuses
-    assert totals["inherited"] > 50 and totals["truncated"] >= 3, totals
+        seen_statuses.update(expected.values())
+    assert seen_statuses[FAILED] >= 10 and seen_statuses[PASSED] > 1000, seen_statuses
+    assert totals["truncated"] >= 3, totals
 
 
 def test_truncated_ids_follow_swebench_5():

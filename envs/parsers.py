@@ -151,9 +151,6 @@ class _Parsers:
             raise TaskError(f"unknown log parser {name!r}{hint}")
         return fn
 
-    def known(self) -> list[str]:
-        return sorted(_OWN)
-
 
 PARSERS = _Parsers()
 

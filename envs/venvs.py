@@ -152,7 +152,8 @@ def task_venv(task: Task) -> Path:
 
 def venv_env(task: Task, checkout: Path | None = None) -> dict[str, str]:
     """Environment for the sandbox's commands: the task venv first on PATH, the checkout's import
-    root on PYTHONPATH (`{workdir}` stands for the sandbox's repository root)."""
+    root on PYTHONPATH (`{workdir}` stands for the sandbox's repository root), pytest plugins of
+    the venv loading as they would in the task's own environment."""
     venv = task_venv(task)
     root = _import_root(checkout) if checkout is not None else "."
     return {
@@ -160,4 +161,5 @@ def venv_env(task: Task, checkout: Path | None = None) -> dict[str, str]:
         "VIRTUAL_ENV": str(venv),
         "PYTHONPATH": "{workdir}" if root == "." else "{workdir}/" + root,
         "PYTHONNOUSERSITE": "1",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "",  # the venv's plugins are the task's own (pytest-asyncio, ...)
     }

@@ -40,7 +40,8 @@ def test_invalid_params_are_user_errors():
     with pytest.raises(UserError, match="top_k"):
         client.check_params(SamplingParams(top_k=0))
     with pytest.raises(UserError, match="max_new_tokens"):
-        client.check_params(SamplingParams(max_new_tokens=0))
+        client.check_params(SamplingParams(max_new_tokens=-1))
+    client.check_params(SamplingParams(max_new_tokens=0))  # SGLang accepts 0 (prompt log-probs only)
 
 
 def test_dead_server_is_retried_then_reported():

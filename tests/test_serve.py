@@ -18,7 +18,7 @@ from jaxswe import model as M
 from jaxswe.rollout.client import RolloutClient, RolloutError
 from jaxswe.rollout.engine import EmbeddedEngine
 from jaxswe.rollout.protocol import GenerateRequest
-from jaxswe.rollout.sampler import Sampler, decode_loop
+from jaxswe.rollout.sampler import Sampler, decode_steps, prefill
 from jaxswe.rollout.server import RolloutServer
 from jaxswe.rollout.sglang_launcher import ServerProcess
 from jaxswe.rollout.types import SamplingParams
@@ -109,8 +109,8 @@ def test_prompt_logprobs_match_transformers(server, models):
     ref = _hf_logprobs(models["a"][1], PROMPT)
     np.testing.assert_allclose([e[0] for e in entries[1:]], ref[1:], atol=1e-4)
     tail = _generate(server.url, logprob_start_len=4)["meta_info"]["input_token_logprobs"]
-    assert [e[1] for e in tail] == PROMPT[4:]
-    np.testing.assert_allclose([e[0] for e in tail], ref[4:], atol=1e-4)
+    assert [e[1] for e in tail] == PROMPT[4:] and tail[0][0] is None  # SGLang: None at the start
+    np.testing.assert_allclose([e[0] for e in tail[1:]], ref[5:], atol=1e-4)
 
 
 def test_sampled_logprobs_match_token_logprobs_and_transformers(server, models):
@@ -244,9 +244,9 @@ def test_cli_serve_under_the_launcher_and_missing_model(models, tmp_path):
 def test_sampler_jit_compiles_once_per_bucket(models):
     cfg, params = load_model(models["a"][0])
     sampler = Sampler(cfg, params, min_batch_bucket=8)
-    before = decode_loop._cache_size()
+    before = prefill._cache_size(), decode_steps._cache_size()
     for n, n_prompt, n_new in [(1, 3, 5), (3, 9, 12), (8, 14, 16)]:  # all in the (8, 16, 16) bucket
         req = GenerateRequest((PROMPT * 2)[:n_prompt], SamplingParams(max_new_tokens=n_new))
         gens = sampler.generate([req] * n)
         assert [len(g.output_ids) for g in gens] == [n_new] * n
-    assert decode_loop._cache_size() - before <= 1
+    assert prefill._cache_size() - before[0] <= 1 and decode_steps._cache_size() - before[1] <= 1

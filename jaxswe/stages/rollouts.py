@@ -2,7 +2,8 @@
 
 Two backends: the embedded in-process sampler (weights swapped in memory) and HTTP servers
 speaking SGLang's API (`jaxswe serve` or SGLang; weights exported with `save_hf` and loaded by
-`/update_weights_from_disk`).
+`/update_weights_from_disk`). Each weight sync is a new policy version (1, 2, ...; 0 is the
+starting policy) that the engine stamps on every token it samples from then on.
 """
 
 from __future__ import annotations
@@ -52,9 +53,12 @@ class EmbeddedBackend:
     def __init__(self, engine: Any, model_cfg: Any):
         self.engine = engine
         self.model_cfg = model_cfg
+        self.version = 0
 
     async def sync_weights(self, params: Any, export_dir: Path) -> None:
         self.engine.sampler.swap(self.model_cfg, params)
+        self.version += 1
+        self.engine.weight_version = str(self.version)
 
     async def release(self) -> None:
         return None
@@ -70,6 +74,7 @@ class HttpBackend:
         self.engine = client
         self.model_cfg = model_cfg
         self.tokenizer_dir = tokenizer_dir
+        self.version = 0
 
     async def sync_weights(self, params: Any, export_dir: Path) -> None:
         from jaxswe.model import save_hf
@@ -83,8 +88,10 @@ class HttpBackend:
                     shutil.copy2(f, tmp / f.name)
         shutil.rmtree(export_dir, ignore_errors=True)
         tmp.rename(export_dir)
-        await self.engine.update_weights_from_disk(str(export_dir.absolute()))
-        await self.engine.flush_cache()
+        self.version += 1  # the server flushes its cache itself
+        await self.engine.update_weights_from_disk(
+            str(export_dir.absolute()), weight_version=str(self.version)
+        )
 
     async def release(self) -> None:
         await self.engine.close()

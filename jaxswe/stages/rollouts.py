@@ -88,10 +88,9 @@ class HttpBackend:
                     shutil.copy2(f, tmp / f.name)
         shutil.rmtree(export_dir, ignore_errors=True)
         tmp.rename(export_dir)
-        self.version += 1  # the server flushes its cache itself
-        await self.engine.update_weights_from_disk(
-            str(export_dir.absolute()), weight_version=str(self.version)
-        )
+        version = self.version + 1  # the server flushes its cache itself
+        await self.engine.update_weights_from_disk(str(export_dir.absolute()), weight_version=str(version))
+        self.version = version
 
     async def release(self) -> None:
         await self.engine.close()

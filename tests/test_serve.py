@@ -28,9 +28,9 @@ VOCAB = 64
 PROMPT = [3, 17, 42, 8, 8, 1, 60, 25, 11]
 
 
-def _tiny_hf(path, seed):
+def _tiny_hf(path, seed, vocab=VOCAB):
     cfg = transformers.Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, rope_theta=10000.0,
     )  # fmt: skip
     torch.manual_seed(seed)
@@ -90,7 +90,8 @@ def _post(url, path, body):
             raw = r.read()
             return r.status, json.loads(raw) if r.headers.get_content_type() == "application/json" else raw
     except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+        raw = err.read()
+        return err.code, json.loads(raw) if err.headers.get_content_type() == "application/json" else raw
 
 
 def _generate(url, **kw):

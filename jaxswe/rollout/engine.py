@@ -149,14 +149,13 @@ class EmbeddedEngine:
         return self.sampler.generate([j.req for j in batch], aborted=lambda i: batch[i].aborted)
 
     # -- control -------------------------------------------------------------------------------
-    def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
-        """Abort the request `rid` (or all); returns how many were in flight."""
-        hits = [j for j in self._ctl.jobs if abort_all or (rid is not None and j.req.rid == rid)]
-        for job in hits:
-            job.aborted = True
-            if not job.running and not job.fut.done():  # still queued: nothing sampled yet
-                job.fut.set_result((Generation([], [], "abort"), self.weight_version))
-        return len(hits)
+    def abort(self, rid: str | None = None, *, abort_all: bool = False) -> None:
+        """Abort the request `rid` (or all in flight); unknown ids are ignored, as in SGLang."""
+        for job in self._ctl.jobs:
+            if abort_all or (rid is not None and job.req.rid == rid):
+                job.aborted = True
+                if not job.running and not job.fut.done():  # still queued: nothing sampled yet
+                    job.fut.set_result((Generation([], [], "abort"), self.weight_version))
 
     async def pause(self, mode: str = "abort") -> None:
         """Hold new requests until `continue_generation`; mode "abort" aborts those in flight."""

@@ -225,12 +225,32 @@ def _free_port():
 
 
 def test_cli_serve_under_the_launcher_and_missing_model(models, tmp_path):
+    model = tmp_path / "model"  # model a with EOS ids in generation_config.json
+    model.mkdir()
+    for f in models["a"][0].iterdir():
+        if f.name != "generation_config.json":
+            (model / f.name).symlink_to(f)
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 3]}))
     port = _free_port()
-    cmd = [sys.executable, "-m", "jaxswe", "serve", "--model", str(models["a"][0]), "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jaxswe",
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--weight-version",
+        "5",
+    ]
     with ServerProcess(cmd, f"http://127.0.0.1:{port}", log_path=tmp_path / "log") as proc:
         proc.wait_healthy(timeout_s=120, poll_s=0.2)
-        with urllib.request.urlopen(proc.url + "/get_model_info") as r:
-            assert json.loads(r.read())["model_path"] == str(models["a"][0])
+        for route in ("/get_model_info", "/model_info"):
+            with urllib.request.urlopen(proc.url + route) as r:
+                info = json.loads(r.read())
+            assert info["model_path"] == str(model) and info["weight_version"] == "5"
+            assert info["eos_token_ids"] == [7, 3]
     assert proc.proc.poll() is not None
     res = subprocess.run(
         [sys.executable, "-m", "jaxswe", "serve", "--model", str(tmp_path / "nope")],

@@ -85,9 +85,12 @@ def models(tmp_path_factory):
     return {name: (root / name, _tiny_hf(root / name, seed)) for name, seed in (("a", 0), ("b", 1))}
 
 
-def _trainer_logprobs(path, ids):
+def _trainer_logprobs(path, ids, pad_to=128):
+    """token_logprobs of `ids`, padded to one length (causal: padding leaves them unchanged), so
+    every call compiles once."""
     cfg, params = load_model(path)
-    return np.asarray(M.token_logprobs(params, cfg, jnp.asarray([ids])))[0]
+    padded = jnp.asarray([list(ids) + [0] * (pad_to - len(ids))])
+    return np.asarray(M.token_logprobs(params, cfg, padded))[0, : len(ids)]
 
 
 def test_eos_ids_come_from_config_and_generation_config(tmp_path):
@@ -256,7 +259,8 @@ def test_weight_update_mid_episode_records_each_tokens_policy_version(tmp_path):
     for name, seed in (("a", 0), ("b", 1)):
         paths[name] = tmp_path / name
         _tiny_hf(paths[name], seed, vocab=len(tok))
-    srv = _gated_server(paths["a"], min_new_bucket=32, arm_at_call=2)  # gate the second turn
+    # one compiled shape for the whole episode: prompts < 128 tokens, turns of <= 24 tokens
+    srv = _gated_server(paths["a"], min_prompt_bucket=128, min_new_bucket=32, arm_at_call=2)  # gate turn 2
     sampler = srv.engine.sampler
 
     async def trainer(client):
@@ -276,7 +280,7 @@ def test_weight_update_mid_episode_records_each_tokens_policy_version(tmp_path):
                 tok,
                 sampling=SamplingParams(max_new_tokens=24),
                 max_turns=3,
-                max_context_tokens=200,
+                max_context_tokens=120,
             )
             await control
             return traj

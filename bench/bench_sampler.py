@@ -3,7 +3,9 @@
 A random Qwen2 model is built with transformers, saved, and loaded by both sides. Both sample at
 temperature 1 with no stop token, so every row decodes exactly `--new-tokens` tokens. Reported:
 generated tokens per second (batch * new tokens / wall time), best of `--repeats` after one
-warm-up (JAX compile excluded; the compile time is reported separately).
+warm-up (JAX compile excluded; the compile time is reported separately). The JAX sampler runs
+twice: decoding in chunks of `--decode-chunk` steps (the default; requests can be aborted
+between chunks) and in one chunk (the whole budget in one compiled call), to price the chunks.
 
     .venv/bin/python bench/bench_sampler.py --batch 8 --new-tokens 256
 """
@@ -29,6 +31,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--decode-chunk", type=int, default=32, help="decode steps between abort checks")
     args = ap.parse_args()
 
     import numpy as np
@@ -64,12 +67,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         hf_model.save_pretrained(tmp, safe_serialization=True)
         cfg, params = load_model(tmp)
-    sampler = Sampler(cfg, params, seed=0)
     reqs = [GenerateRequest(p.tolist(), SamplingParams(max_new_tokens=args.new_tokens)) for p in prompts]
 
-    def jax_run() -> None:
-        gens = sampler.generate(reqs)
-        assert all(len(g.output_ids) == args.new_tokens for g in gens)
+    def jax_runner(decode_chunk: int):
+        sampler = Sampler(cfg, params, seed=0, decode_chunk=decode_chunk)
+
+        def run() -> None:
+            gens = sampler.generate(reqs)
+            assert all(len(g.output_ids) == args.new_tokens for g in gens)
+
+        return run
 
     def best(fn) -> tuple[float, float]:
         t0 = time.perf_counter()
@@ -82,8 +89,20 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
         return min(times), first
 
-    jax_s, jax_first = best(jax_run)
+    chunked, one_chunk = jax_runner(args.decode_chunk), jax_runner(args.new_tokens)
+    t0 = time.perf_counter()
+    chunked()
+    jax_first = time.perf_counter() - t0
+    one_chunk()
+    times: dict[str, list[float]] = {"chunked": [], "one": []}
+    for _ in range(args.repeats):  # interleaved, so load changes hit both alike
+        for name, fn in (("chunked", chunked), ("one", one_chunk)):
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    jax_s, one_s = min(times["chunked"]), min(times["one"])
     print(f"jax: {n_tokens / jax_s:.1f} tokens/s (first call {jax_first:.1f}s)", flush=True)
+    print(f"jax, one chunk: {n_tokens / one_s:.1f} tokens/s", flush=True)
     hf_s, _ = best(hf_run)
     print(f"transformers: {n_tokens / hf_s:.1f} tokens/s", flush=True)
     result = {
@@ -95,6 +114,9 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "jax_tokens_per_s": round(n_tokens / jax_s, 1),
         "jax_first_call_s": round(jax_first, 2),
+        "decode_chunk": args.decode_chunk,
+        "jax_one_chunk_tokens_per_s": round(n_tokens / one_s, 1),
+        "chunked_vs_one_chunk": round(one_s / jax_s, 3),
         "transformers_tokens_per_s": round(n_tokens / hf_s, 1),
         "speedup": round(hf_s / jax_s, 2),
     }

@@ -132,6 +132,16 @@ def test_one_rl_iteration_over_http(tmp_path, task_root, model_dir):
         with urllib.request.urlopen(url + "/get_model_info", timeout=10) as r:
             info = json.loads(r.read())
         assert str(run_dir / "weights") in json.dumps(info)
+        assert info["weight_version"] == "1"  # the first weight sync is policy version 1
+        episodes = [
+            json.loads(line)
+            for line in (run_dir / "trajectories" / "iter_0001.jsonl").read_text().splitlines()
+        ]
+        assert all(  # sampled by the starting policy (SGLang's "default", version 0)
+            v == (0 if m else -1)
+            for e in episodes
+            for v, m in zip(e["policy_versions"], e["loss_mask"], strict=True)
+        )
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -40,7 +40,8 @@ def test_invalid_params_are_user_errors():
     with pytest.raises(UserError, match="top_k"):
         client.check_params(SamplingParams(top_k=0))
     with pytest.raises(UserError, match="max_new_tokens"):
-        client.check_params(SamplingParams(max_new_tokens=0))
+        client.check_params(SamplingParams(max_new_tokens=-1))
+    client.check_params(SamplingParams(max_new_tokens=0))  # SGLang accepts 0 (prompt log-probs only)
 
 
 def test_dead_server_is_retried_then_reported():
@@ -190,3 +191,83 @@ def test_client_from_config_section():
         client_from_config(RolloutSection(engine="http"))
     client = client_from_config(RolloutSection(engine="http", urls=["http://h:1/"], max_retries=5))
     assert client.urls == ["http://h:1"] and client.max_retries == 5 and not client.allow_biased_sampling
+
+
+def _abort_reply(ids, version):
+    out = _reply(ids)
+    out["meta_info"]["finish_reason"] = {"type": "abort", "message": "Aborted", "status_code": None}
+    out["meta_info"]["weight_version"] = version
+    return out
+
+
+async def _scripted_server(replies):
+    """A real HTTP server answering /generate from `replies` (the last one repeats) and
+    recording every control call's body."""
+    seen = []
+
+    async def generate(request):
+        seen.append(("/generate", await request.json()))
+        return web.json_response(replies[min(len(seen) - 1, len(replies) - 1)])
+
+    async def control(request):
+        seen.append((request.path, await request.json()))
+        return web.json_response({"success": True, "message": "", "num_paused_requests": 0})
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    for path in ("/update_weights_from_disk", "/pause_generation", "/continue_generation", "/abort_request"):
+        app.router.add_post(path, control)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = _free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}", seen
+
+
+def test_aborted_request_continues_with_per_token_versions_and_control_payloads():
+    done = _reply([6, 7])
+    done["meta_info"]["weight_version"] = "4"
+
+    async def main():
+        runner, url, seen = await _scripted_server([_abort_reply([5], "3"), _abort_reply([], "3"), done])
+        try:
+            async with RolloutClient(url, max_retries=1) as client:
+                gen = await client.generate([1, 2], SamplingParams(max_new_tokens=4), rid="r")
+                await client.pause_generation()
+                await client.update_weights_from_disk("/w/4", weight_version="4")
+                await client.continue_generation()
+                await client.abort_request(abort_all=True)
+        finally:
+            await runner.cleanup()
+        return gen, seen
+
+    gen, seen = asyncio.run(main())
+    assert gen.output_ids == [5, 6, 7] and gen.finish_reason == "length"
+    assert gen.weight_versions == ["3", "4", "4"] and len(gen.logprobs) == 3
+    bodies = [b for p, b in seen if p == "/generate"]
+    assert [b["input_ids"] for b in bodies] == [[1, 2], [1, 2, 5], [1, 2, 5]]
+    assert [b["sampling_params"]["max_new_tokens"] for b in bodies] == [4, 3, 3]
+    assert {b["rid"] for b in bodies} == {"r"}
+    assert [(p, b) for p, b in seen if p != "/generate"] == [
+        ("/pause_generation", {"mode": "abort"}),
+        (
+            "/update_weights_from_disk",
+            {"model_path": "/w/4", "abort_all_requests": False, "weight_version": "4"},
+        ),
+        ("/continue_generation", {}),
+        ("/abort_request", {"rid": "", "abort_all": True}),
+    ]
+
+
+def test_endless_aborts_without_progress_are_an_error():
+    async def main():
+        runner, url, seen = await _scripted_server([_abort_reply([], "1")])
+        try:
+            async with RolloutClient(url, max_retries=2) as client:
+                with pytest.raises(RolloutError, match="3 times in a row without progress"):
+                    await client.generate([1, 2], SamplingParams(max_new_tokens=4))
+        finally:
+            await runner.cleanup()
+        return len(seen)
+
+    assert asyncio.run(main()) == 3

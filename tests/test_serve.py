@@ -18,7 +18,7 @@ from jaxswe import model as M
 from jaxswe.rollout.client import RolloutClient, RolloutError
 from jaxswe.rollout.engine import EmbeddedEngine
 from jaxswe.rollout.protocol import GenerateRequest
-from jaxswe.rollout.sampler import Sampler, decode_loop
+from jaxswe.rollout.sampler import Sampler, decode_steps, prefill
 from jaxswe.rollout.server import RolloutServer
 from jaxswe.rollout.sglang_launcher import ServerProcess
 from jaxswe.rollout.types import SamplingParams
@@ -28,9 +28,9 @@ VOCAB = 64
 PROMPT = [3, 17, 42, 8, 8, 1, 60, 25, 11]
 
 
-def _tiny_hf(path, seed):
+def _tiny_hf(path, seed, vocab=VOCAB):
     cfg = transformers.Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, rope_theta=10000.0,
     )  # fmt: skip
     torch.manual_seed(seed)
@@ -90,7 +90,8 @@ def _post(url, path, body):
             raw = r.read()
             return r.status, json.loads(raw) if r.headers.get_content_type() == "application/json" else raw
     except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+        raw = err.read()
+        return err.code, json.loads(raw) if err.headers.get_content_type() == "application/json" else raw
 
 
 def _generate(url, **kw):
@@ -109,8 +110,8 @@ def test_prompt_logprobs_match_transformers(server, models):
     ref = _hf_logprobs(models["a"][1], PROMPT)
     np.testing.assert_allclose([e[0] for e in entries[1:]], ref[1:], atol=1e-4)
     tail = _generate(server.url, logprob_start_len=4)["meta_info"]["input_token_logprobs"]
-    assert [e[1] for e in tail] == PROMPT[4:]
-    np.testing.assert_allclose([e[0] for e in tail], ref[4:], atol=1e-4)
+    assert [e[1] for e in tail] == PROMPT[4:] and tail[0][0] is None  # SGLang: None at the start
+    np.testing.assert_allclose([e[0] for e in tail[1:]], ref[5:], atol=1e-4)
 
 
 def test_sampled_logprobs_match_token_logprobs_and_transformers(server, models):
@@ -224,12 +225,32 @@ def _free_port():
 
 
 def test_cli_serve_under_the_launcher_and_missing_model(models, tmp_path):
+    model = tmp_path / "model"  # model a with EOS ids in generation_config.json
+    model.mkdir()
+    for f in models["a"][0].iterdir():
+        if f.name != "generation_config.json":
+            (model / f.name).symlink_to(f)
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 3]}))
     port = _free_port()
-    cmd = [sys.executable, "-m", "jaxswe", "serve", "--model", str(models["a"][0]), "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jaxswe",
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--weight-version",
+        "5",
+    ]
     with ServerProcess(cmd, f"http://127.0.0.1:{port}", log_path=tmp_path / "log") as proc:
         proc.wait_healthy(timeout_s=120, poll_s=0.2)
-        with urllib.request.urlopen(proc.url + "/get_model_info") as r:
-            assert json.loads(r.read())["model_path"] == str(models["a"][0])
+        for route in ("/get_model_info", "/model_info"):
+            with urllib.request.urlopen(proc.url + route) as r:
+                info = json.loads(r.read())
+            assert info["model_path"] == str(model) and info["weight_version"] == "5"
+            assert info["eos_token_ids"] == [7, 3]
     assert proc.proc.poll() is not None
     res = subprocess.run(
         [sys.executable, "-m", "jaxswe", "serve", "--model", str(tmp_path / "nope")],
@@ -244,9 +265,9 @@ def test_cli_serve_under_the_launcher_and_missing_model(models, tmp_path):
 def test_sampler_jit_compiles_once_per_bucket(models):
     cfg, params = load_model(models["a"][0])
     sampler = Sampler(cfg, params, min_batch_bucket=8)
-    before = decode_loop._cache_size()
+    before = prefill._cache_size(), decode_steps._cache_size()
     for n, n_prompt, n_new in [(1, 3, 5), (3, 9, 12), (8, 14, 16)]:  # all in the (8, 16, 16) bucket
         req = GenerateRequest((PROMPT * 2)[:n_prompt], SamplingParams(max_new_tokens=n_new))
         gens = sampler.generate([req] * n)
         assert [len(g.output_ids) for g in gens] == [n_new] * n
-    assert decode_loop._cache_size() - before <= 1
+    assert prefill._cache_size() - before[0] <= 1 and decode_steps._cache_size() - before[1] <= 1

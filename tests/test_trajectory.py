@@ -11,7 +11,7 @@ from envs.base import Step
 from envs.toy import ToyEnv
 from jaxswe.agent.commands import FormatError, parse_action
 from jaxswe.agent.loop import run_episode, run_episodes
-from jaxswe.agent.trajectory import ChatFormat, Trajectory, TrajectoryError, load_jsonl, save_jsonl
+from jaxswe.agent.trajectory import ChatFormat, Trajectory, TrajectoryError, Turn, load_jsonl, save_jsonl
 from jaxswe.rollout.types import Generation, SamplingParams
 from jaxswe.tokenizer import build_tokenizer
 
@@ -328,4 +328,19 @@ def test_jsonl_roundtrip_with_text(tok, tmp_path):
 
 def test_check_rejects_inconsistent_records():
     with pytest.raises(ValueError, match="outside assistant turns"):
-        Trajectory(input_ids=[1, 2], loss_mask=[1, 0], rollout_logprobs=[0.0, 0.0]).check()
+        Trajectory(
+            input_ids=[1, 2], loss_mask=[1, 0], rollout_logprobs=[0.0, 0.0], policy_versions=[-1, -1]
+        ).check()
+    traj = Trajectory(turns=[Turn(0, 2)])
+    traj.append([1, 2], trained=True, versions=[3, 4])
+    traj.check()
+    traj.append([5], trained=False)
+    assert traj.policy_versions == [3, 4, -1]
+    traj.policy_versions[2] = 4
+    with pytest.raises(ValueError, match="policy_versions"):
+        traj.check()
+    legacy = {
+        k: v for k, v in Trajectory(input_ids=[1], loss_mask=[0], rollout_logprobs=[0.0]).to_json().items()
+    }
+    legacy.pop("policy_versions")
+    assert Trajectory.from_json(legacy).policy_versions == [-1]

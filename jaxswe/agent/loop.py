@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from envs.base import Environment
 from jaxswe.agent.trajectory import ChatFormat, Trajectory, Turn
-from jaxswe.rollout.types import Engine, Generation, SamplingParams
+from jaxswe.rollout.types import Engine, Generation, SamplingParams, policy_version
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -35,8 +35,14 @@ async def _call(executor: Executor | None, fn: Callable[..., T], *args: Any) -> 
 
 
 def _check_generation(gen: Generation, max_new_tokens: int) -> None:
+    if gen.finish_reason == "abort":
+        raise RuntimeError(f"generation aborted after {len(gen.output_ids)} tokens")
     if len(gen.output_ids) != len(gen.logprobs):
         raise RuntimeError(f"engine returned {len(gen.output_ids)} ids but {len(gen.logprobs)} logprobs")
+    if gen.weight_versions is not None and len(gen.weight_versions) != len(gen.output_ids):
+        raise RuntimeError(
+            f"engine returned {len(gen.output_ids)} ids but {len(gen.weight_versions)} versions"
+        )
     if len(gen.output_ids) > max_new_tokens:
         raise RuntimeError(f"engine returned {len(gen.output_ids)} ids for max_new_tokens={max_new_tokens}")
 
@@ -91,7 +97,10 @@ async def run_episode(
             _check_generation(gen, params.max_new_tokens)
 
             start = len(traj.input_ids)
-            traj.append(gen.output_ids, trained=True, logprobs=gen.logprobs)
+            versions = (
+                None if gen.weight_versions is None else [policy_version(v) for v in gen.weight_versions]
+            )
+            traj.append(gen.output_ids, trained=True, logprobs=gen.logprobs, versions=versions)
             if not gen.output_ids or gen.output_ids[-1] != chat.end_of_turn_id:
                 traj.append([chat.end_of_turn_id], trained=False)  # closes the turn; never sampled
             turn = Turn(

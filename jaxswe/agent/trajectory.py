@@ -113,6 +113,9 @@ class Trajectory:
     input_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)  # 1 exactly on sampled assistant tokens
     rollout_logprobs: list[float] = field(default_factory=list)  # aligned; 0.0 where not sampled
+    # aligned: the policy (weight) version that sampled each token; -1 where not sampled or not
+    # reported. An episode whose turn spanned a weight update holds two versions.
+    policy_versions: list[int] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
     messages: list[dict[str, str]] = field(default_factory=list)  # decoded conversation, for reading
     prompt_len: int = 0
@@ -123,14 +126,23 @@ class Trajectory:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- building
-    def append(self, ids: list[int], *, trained: bool, logprobs: list[float] | None = None) -> None:
-        if logprobs is not None and len(logprobs) != len(ids):
-            raise ValueError(f"{len(ids)} ids but {len(logprobs)} logprobs")
+    def append(
+        self,
+        ids: list[int],
+        *,
+        trained: bool,
+        logprobs: list[float] | None = None,
+        versions: list[int] | None = None,
+    ) -> None:
+        for name, values in (("logprobs", logprobs), ("versions", versions)):
+            if values is not None and len(values) != len(ids):
+                raise ValueError(f"{len(ids)} ids but {len(values)} {name}")
         self.input_ids.extend(int(i) for i in ids)
         self.loss_mask.extend([int(trained)] * len(ids))
         self.rollout_logprobs.extend(
             [float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids)
         )
+        self.policy_versions.extend([int(v) for v in versions] if versions is not None else [-1] * len(ids))
 
     # ---------------------------------------------------------------- views
     @property
@@ -159,18 +171,20 @@ class Trajectory:
         return mask
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """input_ids int32 [T], loss_mask int32 [T], rollout_logprobs float32 [T]."""
+        """input_ids int32 [T], loss_mask int32 [T], rollout_logprobs float32 [T],
+        policy_versions int32 [T]."""
         return {
             "input_ids": np.asarray(self.input_ids, dtype=np.int32),
             "loss_mask": np.asarray(self.loss_mask, dtype=np.int32),
             "rollout_logprobs": np.asarray(self.rollout_logprobs, dtype=np.float32),
+            "policy_versions": np.asarray(self.policy_versions, dtype=np.int32),
         }
 
     def check(self) -> None:
         """Raise ValueError if the fields are inconsistent."""
         n = len(self.input_ids)
-        if len(self.loss_mask) != n or len(self.rollout_logprobs) != n:
-            raise ValueError("input_ids, loss_mask and rollout_logprobs differ in length")
+        if len(self.loss_mask) != n or len(self.rollout_logprobs) != n or len(self.policy_versions) != n:
+            raise ValueError("input_ids, loss_mask, rollout_logprobs and policy_versions differ in length")
         if self.ended_by is not None and self.ended_by not in ENDED_BY:
             raise ValueError(f"ended_by {self.ended_by!r} not in {ENDED_BY}")
         if self.infra_error is not None and (self.ended_by != "error" or self.reward is not None):
@@ -185,6 +199,9 @@ class Trajectory:
             raise ValueError("loss_mask covers tokens outside assistant turns")
         if np.any((np.asarray(self.rollout_logprobs) != 0.0) & ~mask.astype(bool)):
             raise ValueError("rollout_logprobs set on untrained tokens")
+        versions = np.asarray(self.policy_versions, dtype=np.int64)
+        if np.any(versions < -1) or np.any((versions != -1) & ~mask.astype(bool)):
+            raise ValueError("policy_versions must be >= 0 on sampled tokens and -1 elsewhere")
 
     # ---------------------------------------------------------------- JSON
     def to_json(self, *, text: str | None = None) -> dict[str, Any]:
@@ -198,6 +215,8 @@ class Trajectory:
         if not isinstance(record, dict):
             raise TrajectoryError("bad trajectory record: not a JSON object")
         record = {k: v for k, v in record.items() if k != "text"}
+        if "policy_versions" not in record:  # written before versions were recorded: unknown
+            record["policy_versions"] = [-1] * len(record.get("input_ids", []))
         try:
             record["turns"] = [Turn(**t) for t in record.get("turns", [])]
             traj = cls(**record)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 from pathlib import Path
 
 import typer
@@ -22,8 +23,10 @@ def serve(
     max_batch: int = typer.Option(16, help="most requests decoded together"),
     max_context: int | None = typer.Option(None, help="context length (default: the model's)"),
     seed: int = typer.Option(0, help="sampling PRNG seed"),
+    weight_version: str = typer.Option("default", help="initial weight version (meta_info.weight_version)"),
 ) -> None:
-    """Serve /generate, /health, /get_model_info, /flush_cache, /update_weights_from_disk."""
+    """Serve SGLang's native API: /generate, /health, /model_info, /server_info, /flush_cache,
+    /update_weights_from_disk, /pause_generation, /continue_generation, /abort_request."""
     from jaxswe.errors import UserError
     from jaxswe.rollout.engine import EmbeddedEngine
     from jaxswe.rollout.sampler import Sampler
@@ -36,7 +39,31 @@ def serve(
         raise UserError(f"--max-batch must be >= 1, got {max_batch}")
     load_fn = functools.partial(load_model, dtype=dtype)
     cfg, params = load_fn(str(model))
-    sampler = Sampler(cfg, params, max_context=max_context, seed=seed, cache_dtype=dtype)
-    engine = EmbeddedEngine(sampler, load_fn=load_fn, model_path=str(model), max_batch=max_batch)
+    eos = eos_token_ids(model)
+    sampler = Sampler(cfg, params, max_context=max_context, seed=seed, cache_dtype=dtype, eos_token_ids=eos)
+    engine = EmbeddedEngine(
+        sampler, load_fn=load_fn, model_path=str(model), max_batch=max_batch, weight_version=weight_version
+    )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve_forever(engine, host, port))
+
+
+def eos_token_ids(model_dir: Path) -> tuple[int, ...]:
+    """The model's EOS ids, as SGLang takes them: `eos_token_id` of config.json and of
+    generation_config.json (an int or a list each), in that order, without repeats."""
+    from jaxswe.errors import UserError
+
+    ids: list[int] = []
+    for name in ("config.json", "generation_config.json"):
+        path = Path(model_dir) / name
+        if not path.is_file():
+            continue
+        try:
+            value = json.loads(path.read_text()).get("eos_token_id")
+        except (json.JSONDecodeError, AttributeError, UnicodeDecodeError) as err:
+            raise UserError(f"{path}: not a JSON object ({err})") from None
+        values = value if isinstance(value, list) else [] if value is None else [value]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise UserError(f"{path}: eos_token_id must be an id or a list of ids, got {value!r}")
+        ids.extend(v for v in values if v not in ids)
+    return tuple(ids)

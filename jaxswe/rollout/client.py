@@ -5,14 +5,23 @@ in flight (ties in round-robin order; one sglang-router URL works the same). Con
 timeouts and 5xx answers are retried with exponential backoff, preferring another server; 4xx
 answers are not retried. Sampling parameters are sent explicitly on every request, and in training
 mode (`allow_biased_sampling=False`) anything but the model's full softmax is refused.
+
+Partial rollouts: a request that comes back aborted by `/pause_generation` (finish_reason
+"abort") is sent again as its continuation (prompt + the tokens so far, the rest of the budget);
+SGLang holds it until `/continue_generation`, so it goes on under the new weights. The returned
+Generation joins the pieces, and `weight_versions` records for every token the weight version
+(`meta_info.weight_version`) of the server that sampled it. Requests cancelled with
+`abort_request` raise `RequestAborted` instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +46,10 @@ class RolloutError(UserError):
 
 class BiasedSamplingError(UserError):
     """Sampling parameters other than the full softmax at temperature 1 in training mode."""
+
+
+class RequestAborted(RolloutError):
+    """A request cancelled with `RolloutClient.abort_request`."""
 
 
 class _RetryableError(Exception):
@@ -72,6 +85,8 @@ class RolloutClient:
         self._down_until = dict.fromkeys(self.urls, 0.0)
         self._next = 0
         self._session: aiohttp.ClientSession | None = None
+        self._rids: set[str] = set()  # generate() calls in flight
+        self._cancelled: set[str] = set()  # of those, cancelled with abort_request
 
     # -- session -------------------------------------------------------------------------------
     async def __aenter__(self) -> RolloutClient:
@@ -155,24 +170,73 @@ class RolloutClient:
             )
 
     async def generate(
-        self, input_ids: list[int], params: SamplingParams, *, logprob_start_len: int = -1
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        *,
+        logprob_start_len: int = -1,
+        rid: str | None = None,
     ) -> Generation:
         """Sample one completion with the log-probs of its tokens (and of the prompt from
-        `logprob_start_len` when >= 0)."""
+        `logprob_start_len` when >= 0), continuing it across pauses (see the module doc)."""
         self.check_params(params)
-        payload = {
-            "input_ids": list(input_ids),
-            "sampling_params": sampling_params_to_json(params),
-            "return_logprob": True,
-            "logprob_start_len": logprob_start_len,
-        }
-        obj = await self._post("/generate", payload)
-        if isinstance(obj, list) and len(obj) == 1:
-            obj = obj[0]
+        rid = rid or uuid.uuid4().hex
+        if rid in self._rids:
+            raise UserError(f"request id {rid!r} is already in flight")
+        self._rids.add(rid)
         try:
-            return generation_from_json(obj, want_prompt_logprobs=logprob_start_len >= 0)
-        except ProtocolError as err:
-            raise RolloutError(str(err)) from None
+            return await self._generate(list(input_ids), params, logprob_start_len, rid)
+        finally:
+            self._rids.discard(rid)
+            self._cancelled.discard(rid)
+
+    async def _generate(
+        self, input_ids: list[int], params: SamplingParams, start: int, rid: str
+    ) -> Generation:
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[str] | None = []
+        prompt_logprobs = None
+        empty_aborts = 0
+        while True:
+            remaining = params.max_new_tokens - len(ids)
+            payload = {
+                "input_ids": input_ids + ids,
+                "sampling_params": sampling_params_to_json(
+                    dataclasses.replace(params, max_new_tokens=remaining)
+                ),
+                "return_logprob": True,
+                "logprob_start_len": start if not ids else -1,
+                "rid": rid,
+            }
+            obj = await self._post("/generate", payload)
+            if isinstance(obj, list) and len(obj) == 1:
+                obj = obj[0]
+            try:
+                part = generation_from_json(obj, want_prompt_logprobs=start >= 0 and not ids)
+            except ProtocolError as err:
+                raise RolloutError(str(err)) from None
+            if not ids:
+                prompt_logprobs = part.prompt_logprobs
+            ids += part.output_ids
+            logprobs += part.logprobs
+            versions = (
+                None if versions is None or part.weight_versions is None else versions + part.weight_versions
+            )
+            if part.finish_reason != "abort":
+                finish = part.finish_reason
+                break
+            if rid in self._cancelled:
+                raise RequestAborted(f"request {rid} was aborted after {len(ids)} tokens")
+            empty_aborts = 0 if part.output_ids else empty_aborts + 1
+            if empty_aborts > self.max_retries:
+                raise RolloutError(
+                    f"request {rid} was aborted {empty_aborts} times in a row without progress"
+                )
+            if len(ids) >= params.max_new_tokens:
+                finish = "length"
+                break
+        return Generation(ids, logprobs, finish, prompt_logprobs, versions)
 
     # -- control -------------------------------------------------------------------------------
     async def _get_status(self, url: str, path: str) -> tuple[str, int | str]:
@@ -208,10 +272,13 @@ class RolloutClient:
 
         return await asyncio.gather(*(one(u) for u in self.urls))
 
-    async def update_weights_from_disk(self, model_path: str) -> None:
-        """Make every server load `model_path`; raises naming the servers that failed."""
+    async def update_weights_from_disk(self, model_path: str, *, weight_version: str | None = None) -> None:
+        """Make every server load `model_path` and report `weight_version` from then on; raises
+        naming the servers that failed. Requests in flight are not aborted (SGLang finishes them
+        first unless paused, and flushes its cache itself)."""
+        payload = {"model_path": model_path, "abort_all_requests": False, "weight_version": weight_version}
         results = await asyncio.gather(
-            *(self._update_one(u, "/update_weights_from_disk", {"model_path": model_path}) for u in self.urls)
+            *(self._update_one(u, "/update_weights_from_disk", payload) for u in self.urls)
         )
         failed = [f"{u}: {msg}" for u, ok, msg in results if not ok]
         if failed:
@@ -229,8 +296,24 @@ class RolloutClient:
             return url, False, f"{type(err).__name__}: {err}"
 
     async def flush_cache(self) -> None:
-        """Drop every server's prefix cache (after a weight update)."""
+        """Drop every server's prefix cache (SGLang answers 400 while requests run; a weight
+        update flushes by itself)."""
         await self._post_all("/flush_cache", None)
+
+    async def pause_generation(self, mode: str = "abort") -> None:
+        """Pause every server; mode "abort" returns the requests in flight as aborted, and this
+        client continues them after `continue_generation`."""
+        await self._post_all("/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> None:
+        await self._post_all("/continue_generation", {})
+
+    async def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> None:
+        """Cancel the request `rid` (or all of this client's): its `generate` raises RequestAborted."""
+        if not abort_all and not rid:
+            raise UserError("abort_request needs a rid or abort_all")
+        self._cancelled.update(self._rids if abort_all else {rid} & self._rids)
+        await self._post_all("/abort_request", {"rid": rid or "", "abort_all": abort_all})
 
 
 def logprob_gap(rollout_logprobs: Any, trainer_logprobs: Any, mask: Any) -> dict[str, float]:

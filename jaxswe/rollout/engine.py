@@ -1,8 +1,17 @@
 """`EmbeddedEngine`: an in-process `Engine` that batches concurrent requests onto one `Sampler`.
 
 Requests arriving within `batch_wait_s` of each other (up to `max_batch`) run as one batch on a
-single worker thread, so the event loop stays responsive. A weight update loads the new model
-beside the old one, then swaps it in between two batches; if loading fails the old model stays.
+single worker thread, so the event loop stays responsive. The control operations follow SGLang
+0.5.x:
+- `update_weights_from_disk` loads the new model beside the old one (if loading fails the old
+  model stays), then, unless generation is paused, holds new requests back until every request
+  in flight has finished and swaps the weights in (so no response mixes two versions); when
+  paused it swaps at once. `abort_all_requests` aborts what is in flight first.
+- `pause("abort")` aborts every request in flight (each returns the tokens sampled so far with
+  finish_reason "abort") and holds new requests until `continue_generation`.
+- `abort(rid)` / `abort(abort_all=True)` aborts requests; a running one stops at the next decode
+  chunk boundary.
+Every result carries the weight version that produced it (SGLang's `meta_info.weight_version`).
 """
 
 from __future__ import annotations
@@ -11,11 +20,29 @@ import asyncio
 import concurrent.futures
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from jaxswe.rollout.protocol import GenerateRequest
+from jaxswe.rollout.protocol import GenerateRequest, ProtocolError
 from jaxswe.rollout.sampler import Sampler
 from jaxswe.rollout.types import Generation, SamplingParams
+
+PAUSE_MODES = ("abort",)  # SGLang's "retract" and "in_place" keep requests across an update
+
+
+@dataclass(eq=False)
+class _Job:
+    req: GenerateRequest
+    fut: asyncio.Future
+    aborted: bool = False  # read by the sampler thread between decode chunks
+    running: bool = False
+
+
+@dataclass
+class _Control:
+    paused: bool = False
+    updating: bool = False  # an update waits for the requests in flight to finish
+    jobs: set[_Job] = field(default_factory=set)
 
 
 class EmbeddedEngine:
@@ -29,42 +56,69 @@ class EmbeddedEngine:
         model_path: str | None = None,
         max_batch: int = 16,
         batch_wait_s: float = 0.005,
+        weight_version: str = "default",
     ):
         self.sampler = sampler
         self.load_fn = load_fn
         self.model_path = model_path
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
+        self.weight_version = weight_version
         self.batches_run = 0
-        self._queue: asyncio.Queue[tuple[GenerateRequest, asyncio.Future]] | None = None
+        self._ctl = _Control()
+        self._queue: asyncio.Queue[_Job] | None = None
         self._worker: asyncio.Task | None = None
-        self._lock: asyncio.Lock | None = None
+        self._lock: asyncio.Lock | None = None  # held while a batch runs or weights are swapped
+        self._cond: asyncio.Condition | None = None  # signals pause/update/in-flight changes
+        self._update_lock: asyncio.Lock | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampler")
 
     def _ensure_worker(self) -> None:
         if self._worker is None or self._worker.done():
             self._queue = asyncio.Queue()
             self._lock = asyncio.Lock()
+            self._cond = asyncio.Condition()
+            self._update_lock = asyncio.Lock()  # one weight update at a time
+            self._ctl = _Control(paused=self._ctl.paused)
             self._worker = asyncio.get_running_loop().create_task(self._run())
+
+    @property
+    def paused(self) -> bool:
+        return self._ctl.paused
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._ctl.jobs)
 
     async def generate(
         self, input_ids: list[int], params: SamplingParams, *, logprob_start_len: int = -1
     ) -> Generation:
         req = GenerateRequest(list(input_ids), params, logprob_start_len >= 0, logprob_start_len)
-        return (await self.submit([req]))[0]
+        gen, version = (await self.submit([req]))[0]
+        return replace(gen, weight_versions=[version] * len(gen.output_ids))
 
-    async def submit(self, requests: list[GenerateRequest]) -> list[Generation]:
-        """Queue requests (validated first, so a bad one fails alone) and await their results."""
+    async def submit(self, requests: list[GenerateRequest]) -> list[tuple[Generation, str]]:
+        """Queue requests (validated first, so a bad one fails alone) and await their results,
+        each with the weight version that produced it. Waits while paused or updating."""
         for req in requests:
             self.sampler.validate(req)
         self._ensure_worker()
-        loop = asyncio.get_running_loop()
-        futures = []
-        for req in requests:
-            fut = loop.create_future()
-            await self._queue.put((req, fut))
-            futures.append(fut)
-        return list(await asyncio.gather(*futures))
+        async with self._cond:
+            await self._cond.wait_for(lambda: not (self._ctl.paused or self._ctl.updating))
+            busy = {j.req.rid for j in self._ctl.jobs} & {r.rid for r in requests if r.rid}
+            if busy:
+                raise ProtocolError(f"rid {sorted(busy)[0]!r} is already in flight")
+            loop = asyncio.get_running_loop()
+            jobs = [_Job(req, loop.create_future()) for req in requests]
+            self._ctl.jobs.update(jobs)
+        try:
+            for job in jobs:
+                self._queue.put_nowait(job)
+            return list(await asyncio.gather(*(job.fut for job in jobs)))
+        finally:
+            async with self._cond:
+                self._ctl.jobs.difference_update(jobs)
+                self._cond.notify_all()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -73,35 +127,79 @@ class EmbeddedEngine:
             await asyncio.sleep(self.batch_wait_s)  # let concurrent requests join this batch
             while len(batch) < self.max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            batch = [(r, f) for r, f in batch if not f.done()]  # drop cancelled callers
+            batch = [j for j in batch if not j.fut.done()]  # aborted while queued, or cancelled
             if not batch:
                 continue
             async with self._lock:
+                for job in batch:
+                    job.running = True
                 try:
-                    gens = await loop.run_in_executor(
-                        self._executor, self.sampler.generate, [r for r, _ in batch]
-                    )
+                    gens = await loop.run_in_executor(self._executor, self._run_batch, batch)
                 except Exception as err:  # one failed batch fails its callers, not the server
-                    for _, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(err)
+                    for job in batch:
+                        if not job.fut.done():
+                            job.fut.set_exception(err)
                     continue
                 self.batches_run += 1
-            for (_, fut), gen in zip(batch, gens, strict=True):
-                if not fut.done():
-                    fut.set_result(gen)
+                for job, gen in zip(batch, gens, strict=True):  # under the lock: no swap in between
+                    if not job.fut.done():
+                        job.fut.set_result((gen, self.weight_version))
 
-    async def update_weights_from_disk(self, model_path: str) -> None:
-        """Load `model_path` and swap it in between batches; raises (old weights kept) on failure."""
+    def _run_batch(self, batch: list[_Job]) -> list[Generation]:
+        return self.sampler.generate([j.req for j in batch], aborted=lambda i: batch[i].aborted)
+
+    # -- control -------------------------------------------------------------------------------
+    def abort(self, rid: str | None = None, *, abort_all: bool = False) -> None:
+        """Abort the request `rid` (or all in flight); unknown ids are ignored, as in SGLang."""
+        for job in self._ctl.jobs:
+            if abort_all or (rid is not None and job.req.rid == rid):
+                job.aborted = True
+                if not job.running and not job.fut.done():  # still queued: nothing sampled yet
+                    job.fut.set_result((Generation([], [], "abort"), self.weight_version))
+
+    async def pause(self, mode: str = "abort") -> None:
+        """Hold new requests until `continue_generation`; mode "abort" aborts those in flight."""
+        if mode not in PAUSE_MODES:
+            raise ProtocolError(f"pause mode {mode!r} is not supported by jaxswe serve (use {PAUSE_MODES})")
+        self._ensure_worker()
+        async with self._cond:
+            self._ctl.paused = True
+            self.abort(abort_all=True)
+
+    async def continue_generation(self) -> None:
+        self._ensure_worker()
+        async with self._cond:
+            self._ctl.paused = False
+            self._cond.notify_all()
+
+    async def update_weights_from_disk(
+        self, model_path: str, *, weight_version: str | None = None, abort_all_requests: bool = False
+    ) -> None:
+        """Load `model_path` and swap it in (see the module doc); raises (old weights kept) on failure."""
         if self.load_fn is None:
             raise RuntimeError("this engine was built without a load_fn")
         self._ensure_worker()
+        async with self._update_lock:
+            await self._update(model_path, weight_version, abort_all_requests)
+
+    async def _update(self, model_path: str, weight_version: str | None, abort_all_requests: bool) -> None:
+        if abort_all_requests:
+            self.abort(abort_all=True)
         loop = asyncio.get_running_loop()
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             cfg, params = await loop.run_in_executor(pool, self.load_fn, model_path)
-        async with self._lock:
-            self.sampler.swap(cfg, params)
-            self.model_path = model_path
+        async with self._cond:
+            self._ctl.updating = True
+            try:
+                await self._cond.wait_for(lambda: self._ctl.paused or not self._ctl.jobs)
+                async with self._lock:
+                    self.sampler.swap(cfg, params)
+                    self.model_path = model_path
+                    if weight_version is not None:
+                        self.weight_version = weight_version
+            finally:
+                self._ctl.updating = False
+                self._cond.notify_all()
 
     async def close(self) -> None:
         if self._worker is not None:

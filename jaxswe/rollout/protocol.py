@@ -2,12 +2,15 @@
 
 Field shapes follow SGLang's `GenerateReqInput` and its response `meta_info`, so either side can
 talk to a real SGLang server:
-- request: `input_ids` ([int] or [[int]]), `sampling_params` (dict, or one dict per prompt),
-  `return_logprob`, `logprob_start_len` (-1: output log-probs only);
+- request: `input_ids` ([int] or [[int]]), `sampling_params` (dict, or one dict per prompt;
+  `ignore_eos` among them), `return_logprob`, `logprob_start_len` (-1: output log-probs only),
+  `rid` (str, or one per prompt: the id `/abort_request` takes);
 - response: `{output_ids, meta_info: {id, output_token_logprobs: [[logprob, id, null], ...],
-  input_token_logprobs: [[logprob|null, id, null], ...], finish_reason: {type: "stop", matched: id}
-  | {type: "length", length: n}, prompt_tokens, completion_tokens, cached_tokens}}`, a list of
-  those for batched input. `output_ids` include a matched stop token, as SGLang's do.
+  input_token_logprobs: [[null, id, null], [logprob, id, null], ...] (from `logprob_start_len`,
+  its first entry None), finish_reason: {type: "stop", matched: id} | {type: "length", length: n}
+  | {type: "abort", message, ...}, prompt_tokens, completion_tokens, cached_tokens,
+  weight_version}}`, a list of those for batched input. `output_ids` include a matched stop
+  token, as SGLang's do; an aborted request returns the tokens sampled before the abort.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ _NEUTRAL_KEYS: dict[str, Any] = {
     "presence_penalty": 0.0,
     "n": 1,
     "min_new_tokens": 0,
-    "ignore_eos": False,
     "skip_special_tokens": True,
     "spaces_between_special_tokens": True,
     "no_stop_trim": False,
@@ -55,6 +57,8 @@ class GenerateRequest:
     params: SamplingParams
     return_logprob: bool = False
     logprob_start_len: int = -1
+    ignore_eos: bool = False  # True: the model's EOS ids do not end the request
+    rid: str | None = None
 
 
 def sampling_params_to_json(params: SamplingParams) -> dict[str, Any]:
@@ -104,8 +108,8 @@ def check_sampling_params(params: SamplingParams) -> None:
         raise ProtocolError(f"sampling_params.top_k must be -1 (off) or >= 1, got {params.top_k}")
     if not 0 <= params.min_p <= 1:
         raise ProtocolError(f"sampling_params.min_p must be in [0, 1], got {params.min_p}")
-    if params.max_new_tokens < 1:
-        raise ProtocolError(f"sampling_params.max_new_tokens must be >= 1, got {params.max_new_tokens}")
+    if params.max_new_tokens < 0:
+        raise ProtocolError(f"sampling_params.max_new_tokens must be >= 0, got {params.max_new_tokens}")
 
 
 def _per_prompt(value: Any, n: int, name: str) -> list[Any]:
@@ -118,6 +122,17 @@ def _per_prompt(value: Any, n: int, name: str) -> list[Any]:
 
 def _is_token_list(x: Any) -> bool:
     return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def _request_ids(rid: Any, n: int, batched: bool) -> list[str | None]:
+    if rid is None:
+        return [None] * n
+    rids = rid if batched else [rid]
+    if not isinstance(rids, list) or len(rids) != n or not all(isinstance(r, str) and r for r in rids):
+        raise ProtocolError("rid must be a non-empty string (a list of them, one per prompt, for a batch)")
+    if len(set(rids)) != n:
+        raise ProtocolError("rid: duplicate request ids in one batch")
+    return rids
 
 
 def parse_generate_body(body: Any, *, vocab_size: int | None = None) -> tuple[list[GenerateRequest], bool]:
@@ -140,30 +155,39 @@ def parse_generate_body(body: Any, *, vocab_size: int | None = None) -> tuple[li
         raise ProtocolError(f"sampling_params: {len(sps)} values for {n} prompts")
     ret = _per_prompt(body.get("return_logprob", False), n, "return_logprob")
     starts = _per_prompt(body.get("logprob_start_len", -1), n, "logprob_start_len")
+    rids = _request_ids(body.get("rid"), n, batched)
     requests = []
-    for prompt, sp, r, s in zip(prompts, sps, ret, starts, strict=True):
+    for prompt, sp, r, s, rid in zip(prompts, sps, ret, starts, rids, strict=True):
         if vocab_size is not None and any(not 0 <= t < vocab_size for t in prompt):
             raise ProtocolError(f"input_ids: token id out of range [0, {vocab_size})")
         if not isinstance(s, int) or s < -1:
             raise ProtocolError(f"logprob_start_len must be an int >= -1, got {s!r}")
-        requests.append(GenerateRequest(list(prompt), sampling_params_from_json(sp), bool(r), s))
+        sp = dict(sp) if isinstance(sp, dict) else sp
+        ignore_eos = sp.pop("ignore_eos", False) if isinstance(sp, dict) else False
+        if not isinstance(ignore_eos, bool):
+            raise ProtocolError(f"sampling_params.ignore_eos must be a bool, got {ignore_eos!r}")
+        params = sampling_params_from_json(sp)
+        requests.append(GenerateRequest(list(prompt), params, bool(r), s, ignore_eos, rid))
     return requests, batched
 
 
 def finish_reason_json(gen: Generation) -> dict[str, Any]:
     if gen.finish_reason == "stop":
         return {"type": "stop", "matched": gen.output_ids[-1]}
+    if gen.finish_reason == "abort":
+        return {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
     return {"type": "length", "length": len(gen.output_ids)}
 
 
-def generation_to_json(req: GenerateRequest, gen: Generation) -> dict[str, Any]:
-    """One response object in SGLang's shape."""
+def generation_to_json(req: GenerateRequest, gen: Generation, weight_version: str) -> dict[str, Any]:
+    """One response object in SGLang's shape (`weight_version`: the weights that sampled it)."""
     meta: dict[str, Any] = {
-        "id": uuid.uuid4().hex,
+        "id": req.rid or uuid.uuid4().hex,
         "finish_reason": finish_reason_json(gen),
         "prompt_tokens": len(req.input_ids),
         "completion_tokens": len(gen.output_ids),
         "cached_tokens": 0,
+        "weight_version": weight_version,
     }
     if req.return_logprob:
         meta["output_token_logprobs"] = [
@@ -172,7 +196,7 @@ def generation_to_json(req: GenerateRequest, gen: Generation) -> dict[str, Any]:
         start = max(req.logprob_start_len, 0) if req.logprob_start_len >= 0 else len(req.input_ids)
         prompt_lps = gen.prompt_logprobs or []
         meta["input_token_logprobs"] = [
-            [None if pos == 0 else lp, req.input_ids[pos], None]
+            [None if pos == start else lp, req.input_ids[pos], None]
             for pos, lp in zip(range(start, len(req.input_ids)), prompt_lps, strict=False)
         ]
     return {"output_ids": list(gen.output_ids), "meta_info": meta}
@@ -188,12 +212,13 @@ def generation_from_json(obj: Any, *, want_prompt_logprobs: bool = False) -> Gen
         finish_type = finish["type"] if isinstance(finish, dict) else finish
     except (KeyError, TypeError, ValueError) as err:
         raise ProtocolError(f"malformed /generate response: missing or bad {err}") from None
-    if finish_type not in ("stop", "length"):
-        raise ProtocolError(f"/generate finished with {finish!r} (expected stop or length)")
+    if finish_type not in ("stop", "length", "abort"):
+        raise ProtocolError(f"/generate finished with {finish!r} (expected stop, length or abort)")
     if len(entries) != len(output_ids) or any(
         int(e[1]) != t for e, t in zip(entries, output_ids, strict=True)
     ):
         raise ProtocolError("output_token_logprobs do not match output_ids")
+    version = meta.get("weight_version")
     prompt_logprobs = None
     if want_prompt_logprobs:
         prompt_logprobs = [
@@ -204,4 +229,5 @@ def generation_from_json(obj: Any, *, want_prompt_logprobs: bool = False) -> Gen
         logprobs=[float(e[0]) for e in entries],
         finish_reason=finish_type,
         prompt_logprobs=prompt_logprobs,
+        weight_versions=None if version is None else [str(version)] * len(output_ids),
     )

@@ -3,13 +3,16 @@
 One call of `Sampler.generate` runs a batch of requests with per-row sampling parameters, stop
 tokens and token budgets. Batch size, prompt length and decode budget are padded up to powers of
 two, so a server sees a handful of compiled shapes. The decode loop is a `lax.while_loop` that
-stops as soon as every row has finished. Log-prob semantics: see `jaxswe.rollout.sampling`.
+stops as soon as every row has finished, run in chunks so that requests can be aborted between
+them. The model's EOS ids end every request that does not set `ignore_eos` (as in SGLang).
+Log-prob semantics: see `jaxswe.rollout.sampling`.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import chex
 import jax
@@ -28,59 +31,86 @@ def bucket(n: int, minimum: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def _decode_loop(
+class DecodeState(NamedTuple):
+    """Everything the decode loop carries between steps (and between chunks)."""
+
+    step: jax.Array  # int32 []
+    tokens_bn: jax.Array  # int32 [B, N]
+    logps_bn: jax.Array  # float32 [B, N]
+    done_b: jax.Array  # bool [B]
+    stopped_b: jax.Array  # bool [B]: ended on a stop token
+    n_b: jax.Array  # int32 [B]: tokens generated
+    logits_bv: jax.Array  # next-token logits
+    cache: Any
+    key: jax.Array
+
+
+def _prefill(
     params: Any,
     ids_bt: jax.Array,
     lengths_b: jax.Array,
-    key: jax.Array,
-    rp: RowParams,
     max_new_b: jax.Array,
-    stop_bs: jax.Array,
+    key: jax.Array,
     *,
     cfg: Any,
     n_max: int,
     cache_dtype: str,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Prefill, then sample until every row stopped or used its budget.
-
-    Returns tokens_bn, logprobs_bn, num_generated_b, stopped_b (True: ended on a stop token).
-    """
+) -> DecodeState:
+    """Run the prompts and return the state before the first sampled token."""
     b, t = ids_bt.shape
     chex.assert_shape([lengths_b, max_new_b], (b,))
     cache = M.init_cache(cfg, b, t + n_max, cache_dtype)
     logits_bv, cache = M.prefill(params, cfg, ids_bt, lengths_b, cache)
-
-    def cond(state):
-        step, _, _, done_b, *_ = state
-        return (step < n_max) & ~jnp.all(done_b)
-
-    def body(state):
-        step, tokens_bn, logps_bn, done_b, stopped_b, n_b, logits_bv, cache, key = state
-        key, sub = jax.random.split(key)
-        tok_b, lp_b = sample_tokens(sub, logits_bv, rp)
-        active_b = ~done_b
-        tokens_bn = tokens_bn.at[:, step].set(jnp.where(active_b, tok_b, 0))
-        logps_bn = logps_bn.at[:, step].set(jnp.where(active_b, lp_b, 0.0))
-        n_b = n_b + active_b.astype(jnp.int32)
-        hit_stop_b = active_b & jnp.any(tok_b[:, None] == stop_bs, axis=-1)
-        stopped_b = stopped_b | hit_stop_b
-        done_b = done_b | hit_stop_b | (n_b >= max_new_b)
-        logits_bv, cache = M.decode_step(params, cfg, tok_b, cache)
-        return step + 1, tokens_bn, logps_bn, done_b, stopped_b, n_b, logits_bv, cache, key
-
-    init = (
-        jnp.int32(0),
-        jnp.zeros((b, n_max), jnp.int32),
-        jnp.zeros((b, n_max), jnp.float32),
-        jnp.zeros((b,), bool),
-        jnp.zeros((b,), bool),
-        jnp.zeros((b,), jnp.int32),
-        logits_bv,
-        cache,
-        key,
+    return DecodeState(
+        step=jnp.int32(0),
+        tokens_bn=jnp.zeros((b, n_max), jnp.int32),
+        logps_bn=jnp.zeros((b, n_max), jnp.float32),
+        done_b=max_new_b <= 0,  # max_new_tokens 0: nothing to sample
+        stopped_b=jnp.zeros((b,), bool),
+        n_b=jnp.zeros((b,), jnp.int32),
+        logits_bv=logits_bv,
+        cache=cache,
+        key=key,
     )
-    _, tokens_bn, logps_bn, _, stopped_b, n_b, *_ = jax.lax.while_loop(cond, body, init)
-    return tokens_bn, logps_bn, n_b, stopped_b
+
+
+def _decode_steps(
+    params: Any,
+    state: DecodeState,
+    rp: RowParams,
+    max_new_b: jax.Array,
+    stop_bs: jax.Array,
+    until: jax.Array,
+    *,
+    cfg: Any,
+) -> DecodeState:
+    """Sample until every row is done or `state.step` reaches `until` (the caller checks aborts
+    between chunks)."""
+    n_max = state.tokens_bn.shape[1]
+
+    def cond(st: DecodeState):
+        return (st.step < jnp.minimum(until, n_max)) & ~jnp.all(st.done_b)
+
+    def body(st: DecodeState):
+        key, sub = jax.random.split(st.key)
+        tok_b, lp_b = sample_tokens(sub, st.logits_bv, rp)
+        active_b = ~st.done_b
+        n_b = st.n_b + active_b.astype(jnp.int32)
+        hit_stop_b = active_b & jnp.any(tok_b[:, None] == stop_bs, axis=-1)
+        logits_bv, cache = M.decode_step(params, cfg, tok_b, st.cache)
+        return DecodeState(
+            step=st.step + 1,
+            tokens_bn=st.tokens_bn.at[:, st.step].set(jnp.where(active_b, tok_b, 0)),
+            logps_bn=st.logps_bn.at[:, st.step].set(jnp.where(active_b, lp_b, 0.0)),
+            done_b=st.done_b | hit_stop_b | (n_b >= max_new_b),
+            stopped_b=st.stopped_b | hit_stop_b,
+            n_b=n_b,
+            logits_bv=logits_bv,
+            cache=cache,
+            key=key,
+        )
+
+    return jax.lax.while_loop(cond, body, state)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -89,7 +119,8 @@ def _prompt_logprobs(params: Any, ids_bt: jax.Array, *, cfg: Any) -> jax.Array:
 
 
 # Module-level jits: every Sampler of the same config (and a weight swap) reuses compiled code.
-decode_loop = jax.jit(_decode_loop, static_argnames=("cfg", "n_max", "cache_dtype"))
+prefill = jax.jit(_prefill, static_argnames=("cfg", "n_max", "cache_dtype"))
+decode_steps = jax.jit(_decode_steps, static_argnames=("cfg",), donate_argnames=("state",))
 
 
 class Sampler:
@@ -107,6 +138,8 @@ class Sampler:
         min_prompt_bucket: int = 16,
         min_new_bucket: int = 16,
         min_stop_bucket: int = 4,
+        eos_token_ids: tuple[int, ...] = (),
+        decode_chunk: int = 32,
     ):
         self.seed = seed
         self.cache_dtype = str(cache_dtype)
@@ -114,6 +147,8 @@ class Sampler:
         self.min_prompt_bucket = min_prompt_bucket
         self.min_new_bucket = min_new_bucket
         self.min_stop_bucket = min_stop_bucket
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)  # stop every request (not ignore_eos)
+        self.decode_chunk = max(1, int(decode_chunk))
         self._key = jax.random.PRNGKey(seed)
         self._max_context_arg = max_context
         self.swap(cfg, params)
@@ -133,8 +168,23 @@ class Sampler:
         if any(not 0 <= t < self.vocab_size for t in req.input_ids):
             raise ProtocolError(f"input_ids: token id out of range [0, {self.vocab_size})")
 
-    def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
-        """Run one batch; each request keeps its own sampling parameters."""
+    def stop_ids(self, req: GenerateRequest) -> tuple[int, ...]:
+        """The ids that end `req`: its stop_token_ids and, unless `ignore_eos`, the model's EOS ids."""
+        extra = (
+            ()
+            if req.ignore_eos
+            else tuple(t for t in self.eos_token_ids if t not in req.params.stop_token_ids)
+        )
+        return (*req.params.stop_token_ids, *extra)
+
+    def generate(
+        self, requests: list[GenerateRequest], *, aborted: Callable[[int], bool] | None = None
+    ) -> list[Generation]:
+        """Run one batch; each request keeps its own sampling parameters.
+
+        Decoding runs in chunks of `decode_chunk` steps; between chunks, rows for which
+        `aborted(i)` is true stop where they are and finish with "abort" (tokens so far kept).
+        """
         for req in requests:
             self.validate(req)
         n = len(requests)
@@ -143,7 +193,8 @@ class Sampler:
         t = bucket(max(lengths), self.min_prompt_bucket)
         budgets = [min(r.params.max_new_tokens, self.max_context - len(r.input_ids)) for r in requests]
         n_max = bucket(max(budgets), self.min_new_bucket)
-        s = bucket(max(len(r.params.stop_token_ids) for r in requests), self.min_stop_bucket)
+        stops = [self.stop_ids(r) for r in requests]
+        s = bucket(max(len(x) for x in stops), self.min_stop_bucket)
 
         ids_bt = np.zeros((b, t), np.int32)
         lengths_b = np.ones((b,), np.int32)
@@ -154,33 +205,49 @@ class Sampler:
             ids_bt[i, : lengths[i]] = r.input_ids
             lengths_b[i] = lengths[i]
             max_new_b[i] = budgets[i]
-            stop_bs[i, : len(r.params.stop_token_ids)] = r.params.stop_token_ids
+            stop_bs[i, : len(stops[i])] = stops[i]
             p = r.params
             temp[i], top_p[i], top_k[i], min_p[i] = p.temperature, p.top_p, p.top_k, p.min_p
         self._key, key = jax.random.split(self._key)
-        out = decode_loop(
+        max_new = jnp.asarray(max_new_b)
+        state = prefill(
             self.params,
             jnp.asarray(ids_bt),
             jnp.asarray(lengths_b),
+            max_new,
             key,
-            row_params(temp, top_p, top_k, min_p),
-            jnp.asarray(max_new_b),
-            jnp.asarray(stop_bs),
             cfg=self.cfg,
             n_max=n_max,
             cache_dtype=self.cache_dtype,
         )
-        tokens_bn, logps_bn, n_b, stopped_b = jax.device_get(out)
+        rp, stop = row_params(temp, top_p, top_k, min_p), jnp.asarray(stop_bs)
+        aborted_rows = np.zeros((b,), bool)
+        while True:
+            done_b, step = jax.device_get((state.done_b, state.step))
+            if aborted is not None:
+                newly = np.array([i < n and not done_b[i] and aborted(i) for i in range(b)])
+                if newly.any():
+                    aborted_rows |= newly
+                    state = state._replace(done_b=state.done_b | jnp.asarray(newly))
+                    done_b = done_b | newly
+            if done_b.all() or step >= n_max:
+                break
+            until = jnp.int32(min(int(step) + self.decode_chunk, n_max))
+            state = decode_steps(self.params, state, rp, max_new, stop, until, cfg=self.cfg)
+        tokens_bn, logps_bn, n_b, stopped_b = jax.device_get(
+            (state.tokens_bn, state.logps_bn, state.n_b, state.stopped_b)
+        )
         prompt_lps = self._prompt_logprobs_for(requests, ids_bt[:n])
 
         gens = []
         for i in range(n):
             k = int(n_b[i])
+            reason = "stop" if stopped_b[i] else "abort" if aborted_rows[i] else "length"
             gens.append(
                 Generation(
                     output_ids=tokens_bn[i, :k].tolist(),
                     logprobs=logps_bn[i, :k].tolist(),
-                    finish_reason="stop" if stopped_b[i] else "length",
+                    finish_reason=reason,
                     prompt_logprobs=prompt_lps.get(i),
                 )
             )

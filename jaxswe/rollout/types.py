@@ -25,12 +25,34 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Generation:
-    """One completion: the sampled ids exactly as generated, with their log-probs."""
+    """One completion: the sampled ids exactly as generated, with their log-probs.
+
+    `weight_versions[i]` is the weight version (SGLang's `meta_info.weight_version`) of the
+    server that sampled `output_ids[i]`; None when the engine reports no versions.
+    """
 
     output_ids: list[int]
     logprobs: list[float]  # log p(output_ids[i] | prefix) under the rollout engine
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "abort"]
     prompt_logprobs: list[float] | None = None  # when asked for (logprob_start_len)
+    weight_versions: list[str] | None = None
+
+
+def policy_version(weight_version: str | None) -> int:
+    """The integer policy version of a weight version string.
+
+    jaxswe sends integer versions with every weight update; SGLang's initial version is
+    "default", which is the policy before any update: 0.
+    """
+    if weight_version is None or weight_version == "default":
+        return 0
+    try:
+        version = int(weight_version)
+    except ValueError:
+        version = -1
+    if version < 0:
+        raise ValueError(f"weight_version {weight_version!r} is not a policy version (an integer >= 0)")
+    return version
 
 
 class Engine(Protocol):

@@ -88,14 +88,18 @@ def open_stage(
 
 
 def ensure_backend(ctx: StageContext, params: Any | None = None) -> Backend:
-    """The stage's rollout backend, serving `params` (default: the starting policy)."""
+    """The stage's rollout backend, serving `params` (default: the starting policy, policy
+    version 0; `params`, the stage's trained policy, is version 1)."""
+    version = 0 if params is None else 1
     if ctx.backend is None:
         ctx.backend = make_backend(ctx.cfg, ctx.policy)
         if ctx.cfg.rollout.engine != "embedded" or params is not None:
-            sync = ctx.backend.sync_weights(params or ctx.policy.params, ctx.stage_dir / "weights")
+            sync = ctx.backend.sync_weights(
+                params or ctx.policy.params, ctx.stage_dir / "weights", version=version
+            )
             run_phase(ctx.backend, sync)
     elif params is not None:
-        run_phase(ctx.backend, ctx.backend.sync_weights(params, ctx.stage_dir / "weights"))
+        run_phase(ctx.backend, ctx.backend.sync_weights(params, ctx.stage_dir / "weights", version=version))
     return ctx.backend
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ class Episode:
     resolved: bool
     infra_error: str | None = None  # set when the infrastructure failed: excluded, never scored 0
     grading_s: float = 0.0  # time spent grading the submission
+    policy_versions: list[int] = field(default_factory=list)  # per token; -1 where not sampled
 
     @property
     def num_generated(self) -> int:
@@ -58,6 +59,7 @@ def from_trajectory(task_id: str, traj: Any) -> Episode:
         resolved=infra is None and (traj.reward or 0.0) >= 1.0,
         infra_error=str(infra) if infra else None,
         grading_s=float(traj.metadata.get("reward_s", 0.0)),
+        policy_versions=[int(v) for v in traj.policy_versions],
     )
 
 

@@ -215,7 +215,7 @@ async def _iteration(setup: RLSetup, sampling: SamplingParams, order: DataOrder,
     timings["time_train_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     export_dir = setup.stage_dir / "weights"
-    await setup.backend.sync_weights(setup.trainer.params, export_dir)
+    await setup.backend.sync_weights(setup.trainer.params, export_dir, version=step)
     timings["time_weight_sync_s"] = time.perf_counter() - t0
     history = record_outcomes(
         history,
@@ -271,7 +271,7 @@ def run_rl(setup: RLSetup, *, resume: bool, history: History | None = None) -> d
     async def loop() -> None:
         nonlocal order, history
         if start > 0:
-            await setup.backend.sync_weights(setup.trainer.params, stage_dir / "weights")
+            await setup.backend.sync_weights(setup.trainer.params, stage_dir / "weights", version=start)
         bar = tqdm(range(start, cfg.rl.iterations), desc="rl", initial=start, total=cfg.rl.iterations)
         for it in bar:
             step = it + 1

@@ -2,7 +2,9 @@
 
 Two backends: the embedded in-process sampler (weights swapped in memory) and HTTP servers
 speaking SGLang's API (`jaxswe serve` or SGLang; weights exported with `save_hf` and loaded by
-`/update_weights_from_disk`).
+`/update_weights_from_disk`). Each weight sync names its policy version (the RL iterations
+trained into the weights; 0 is the starting policy), which the engine stamps on every token it
+samples from then on.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ T = TypeVar("T")
 class Backend(Protocol):
     engine: Engine
 
-    async def sync_weights(self, params: Any, export_dir: Path) -> None: ...
+    async def sync_weights(self, params: Any, export_dir: Path, *, version: int) -> None: ...
 
     async def release(self) -> None:
         """Drop what is bound to the current event loop (HTTP sessions)."""
@@ -53,8 +55,9 @@ class EmbeddedBackend:
         self.engine = engine
         self.model_cfg = model_cfg
 
-    async def sync_weights(self, params: Any, export_dir: Path) -> None:
+    async def sync_weights(self, params: Any, export_dir: Path, *, version: int) -> None:
         self.engine.sampler.swap(self.model_cfg, params)
+        self.engine.weight_version = str(version)
 
     async def release(self) -> None:
         return None
@@ -71,7 +74,7 @@ class HttpBackend:
         self.model_cfg = model_cfg
         self.tokenizer_dir = tokenizer_dir
 
-    async def sync_weights(self, params: Any, export_dir: Path) -> None:
+    async def sync_weights(self, params: Any, export_dir: Path, *, version: int) -> None:
         from jaxswe.model import save_hf
 
         tmp = export_dir.with_name(export_dir.name + ".tmp")
@@ -83,8 +86,8 @@ class HttpBackend:
                     shutil.copy2(f, tmp / f.name)
         shutil.rmtree(export_dir, ignore_errors=True)
         tmp.rename(export_dir)
-        await self.engine.update_weights_from_disk(str(export_dir.absolute()))
-        await self.engine.flush_cache()
+        # the server flushes its cache itself
+        await self.engine.update_weights_from_disk(str(export_dir.absolute()), weight_version=str(version))
 
     async def release(self) -> None:
         await self.engine.close()

@@ -88,8 +88,24 @@ def engine_available() -> bool:
         return False
 
 
+_UNOWNED_BUILD_AGE_S = 2 * 3600.0  # a build container without an owner label is reaped after this
+
+
+def _age_s(container) -> float:
+    from datetime import datetime
+
+    created = container.attrs.get("Created", "")
+    try:
+        when = datetime.fromisoformat(created[:26].rstrip("Z") + "+00:00")
+    except ValueError:
+        return 0.0
+    return time.time() - when.timestamp()
+
+
 def reap_containers(client=None) -> list[str]:
-    """Remove this host's labelled sandbox and build containers whose owner process is gone; their names."""
+    """Remove this host's labelled sandbox and build containers whose owner process is gone; their names.
+
+    Build containers (envs.images) carry no owner label: those are removed once 2 hours old."""
     client = _client(client)
     removed = []
     for label in (LABEL, BUILD_LABEL):
@@ -97,8 +113,8 @@ def reap_containers(client=None) -> list[str]:
             labels = container.labels
             owner = {k: labels.get(f"jaxswe.owner_{k}", "") for k in ("host", "pid", "start")}
             if label == BUILD_LABEL and not owner["host"]:
-                if container.status == "running":
-                    continue  # an unowned build still running: leave it
+                if _age_s(container) < _UNOWNED_BUILD_AGE_S:
+                    continue  # an unowned build container may be some process's build in progress
             elif owner_alive(owner):
                 continue
             try:
@@ -219,7 +235,7 @@ class DockerSandbox:
         if len(script.encode()) > ARG_LIMIT:  # too long for one argument: through a file
             path = f"/tmp/.jaxswe-command-{n}.sh"
             self._put(path, script.encode())
-            argv[-2:] = ['script=$1; shift; . "$script"; rc=$?; rm -f "$script"; exit $rc', "bash", path]
+            argv[-1:] = ['script=$1; shift; . "$script"; rc=$?; rm -f "$script"; exit $rc', "bash", path]
         buf = OutputBuffer(self.output_limit)
         fired = threading.Event()
 
@@ -254,17 +270,21 @@ class DockerSandbox:
             code = TIMEOUT_EXIT_CODE
         return ExecResult(output=buf.text(), exit_code=-1 if code is None else code, timed_out=timed_out)
 
-    def _died(self) -> bool:
-        """Whether the container stopped under a command (its init was killed, or it ran out of memory)."""
+    def _died(self, wait_s: float = 1.0) -> bool:
+        """Whether the container stopped under a command (its main process was killed, or it ran out of
+        memory); a stopping container can look running for a moment, so this looks for `wait_s`."""
         import docker
 
-        try:
-            self.container.reload()
-            alive = self.container.status == "running"
-        except docker.errors.NotFound:
-            alive = False
-        if not alive:
-            self.dead = True
+        deadline = time.monotonic() + wait_s
+        while not self.dead:
+            try:
+                self.container.reload()
+                self.dead = self.container.status != "running"
+            except docker.errors.NotFound:
+                self.dead = True
+            if self.dead or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         return self.dead
 
     def _dead_result(self) -> ExecResult:

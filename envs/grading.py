@@ -289,6 +289,9 @@ def grade_in(
     else:
         run = sandbox.exec(command, timeout=test_timeout)
         tests, messages = PARSERS[task.log_parser](run.output)
+        if not tests and run.exit_code in (126, 127):  # the shell could not find or run the command
+            return GradeResult(False, {}, run.output, f"{_NOT_STARTED}: exit {run.exit_code}",
+                               dropped_paths=tuple(dropped), error=True)  # fmt: skip
         disagree = None
     return _verdict(task, tests, messages, run.output, run.exit_code, run.timed_out, tuple(dropped), disagree)
 

@@ -27,6 +27,7 @@ class Episode:
     resolved: bool
     infra_error: str | None = None  # set when the infrastructure failed: excluded, never scored 0
     grading_s: float = 0.0  # time spent grading the submission
+    tampered: bool = False  # grading flagged the patch as tampering with the tests (reward 0)
 
     @property
     def num_generated(self) -> int:
@@ -58,6 +59,7 @@ def from_trajectory(task_id: str, traj: Any) -> Episode:
         resolved=infra is None and (traj.reward or 0.0) >= 1.0,
         infra_error=str(infra) if infra else None,
         grading_s=float(traj.metadata.get("reward_s", 0.0)),
+        tampered=bool(traj.metadata.get("tamper")),
     )
 
 

@@ -364,7 +364,7 @@ class DockerSandbox:
         self.close()
 
     def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
+        if not getattr(self, "_closed", True) and hasattr(self, "container"):
             self.close()
 
 

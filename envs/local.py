@@ -70,6 +70,7 @@ DEFAULT_LIMITS = {  # rlimits of every command: processes, address space, file s
 _RLIMITS = {"nproc": resource.RLIMIT_NPROC, "as": resource.RLIMIT_AS, "fsize": resource.RLIMIT_FSIZE,
             "nofile": resource.RLIMIT_NOFILE}  # fmt: skip
 _OWNER_FILE = "owner.json"
+_UNOWNED_AGE_S = 24 * 3600.0  # a sandbox directory without an owner file is reaped once this old
 
 
 def sandboxes_dir() -> Path:
@@ -419,10 +420,11 @@ def reap_sandboxes(root: Path | None = None) -> list[str]:
     for entry in root.glob("sbx-*"):
         try:
             owner = json.loads((entry / _OWNER_FILE).read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # being created now, or made by a version that recorded no owner
             owner = None
-            if time.time() - entry.stat().st_mtime < 60:
-                continue  # being created right now
+            with contextlib.suppress(OSError):
+                if time.time() - entry.stat().st_mtime < _UNOWNED_AGE_S:
+                    continue
         if owner is not None and owner_alive(owner):
             continue
         if owner is not None and owner.get("id"):

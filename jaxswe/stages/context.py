@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,9 +49,27 @@ def check_settings(cfg: RunConfig) -> None:
         raise UserError("rl.rows_per_step must be a multiple of optimizer.micro_batches")
 
 
+def check_isolation(cfg: RunConfig) -> None:
+    """Say how model commands are isolated; refuse none unless the config allows it. Reap what dead
+    predecessors left (sandbox directories, containers)."""
+    from envs.backends import isolation, reap
+
+    words, isolated = isolation(cfg.env.backend)
+    print(f"jaxswe: sandbox isolation: {words}", file=sys.stderr)
+    if not isolated and not cfg.env.allow_unisolated:
+        raise UserError(
+            "model commands would run unisolated on this host (install bubblewrap, use env.backend=docker, "
+            "or pass --set env.allow_unisolated=true to accept it)"
+        )
+    removed = reap(cfg.env.backend)
+    if removed:
+        print(f"jaxswe: removed {len(removed)} sandboxes left by dead runs", file=sys.stderr)
+
+
 def check_inputs(cfg: RunConfig) -> tuple[list[Any], list[Any]]:
-    """Validate everything outside the model before work starts: settings, tasks, servers."""
+    """Validate everything outside the model before work starts: settings, isolation, tasks, servers."""
     check_settings(cfg)
+    check_isolation(cfg)
     tasks = load_pool(cfg.env.tasks)
     eval_tasks = load_pool(cfg.env.eval_tasks) if cfg.env.eval_tasks else tasks
     if cfg.task_subset:

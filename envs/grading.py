@@ -85,8 +85,7 @@ def _changed_paths(sandbox: Sandbox) -> list[tuple[str, str]]:
     ok, log = _git(sandbox, f"diff --cached --name-status -z --no-renames HEAD > {out}")
     if not ok:
         raise SandboxError(f"git diff --cached failed: {log.strip()[-300:]}")
-    raw = sandbox.read_file(out)
-    sandbox.exec(f"rm -f {out}", timeout=30)
+    raw = sandbox.read_file(out, max_bytes=REPORT_LIMIT)
     fields = raw.split("\0")
     return [(fields[i], fields[i + 1]) for i in range(0, len(fields) - 1, 2) if fields[i]]
 
@@ -150,17 +149,17 @@ def _apply_test_patch(sandbox: Sandbox, test_patch: str) -> tuple[bool, bool, st
         idx = f".git/jaxswe-{uuid.uuid4().hex}.index"
         clean, _ = _git(sandbox, f"read-tree --index-output={idx} HEAD && GIT_INDEX_FILE={idx} "
                                  f"git apply --cached --check {name}")  # fmt: skip
-        sandbox.exec(f"rm -f {idx}", timeout=30)
-    sandbox.exec(f"rm -f {name}", timeout=30)
     return ok, clean, log
 
 
 def _config_file(sandbox: Sandbox) -> str | None:
     """The checkout's pytest configuration file as pytest would find it at the root, or None."""
-    for name in _CONFIG_ORDER:
+    names = " ".join(_CONFIG_ORDER)
+    present = sandbox.exec(f'for f in {names}; do [ -f "$f" ] && echo "$f"; done', timeout=30).output.split()
+    for name in [n for n in _CONFIG_ORDER if n in present]:
+        if name not in ("pyproject.toml", "tox.ini", "setup.cfg"):
+            return name
         text = _read(sandbox, name)
-        if not text:
-            continue
         if name == "pyproject.toml" and not _pytest_tables(text):
             continue
         if name == "tox.ini" and "[pytest]" not in text:
@@ -240,9 +239,7 @@ def grade_in(
             return GradeResult(False, {}, patch[-2000:], f"patch does not apply: {err}")
         name = f".git/jaxswe-{uuid.uuid4().hex}.diff"
         sandbox.write_file(name, patch)
-        _git(sandbox, "update-index -q --refresh")
-        ok, out = _git(sandbox, f"apply --index --whitespace=nowarn -v {name}")
-        sandbox.exec(f"rm -f {name}", timeout=30)
+        ok, out = _git(sandbox, f"update-index -q --refresh; git apply --index --whitespace=nowarn -v {name}")
         if not ok:
             return GradeResult(False, {}, out, f"patch does not apply: {out.strip()[-300:]}")
         dropped = _protected_changes(sandbox, _changed_paths(sandbox), set(patch_files(task.test_patch)))
@@ -269,7 +266,7 @@ def grade_in(
     private = f"/tmp/jaxswe-grader-{uuid.uuid4().hex}"
     command, env = build_test_command(task, private, _config_file(sandbox))
     if env:
-        sandbox.exec(f"mkdir -p {private} && printf '[pytest]\\n' > {private}/pytest.ini", timeout=30)
+        sandbox.write_file(f"{private}/pytest.ini", "[pytest]\n")
         sandbox.write_file(f"{private}/jaxswe_grader.py", _PLUGIN_SOURCE.read_text())
         run = sandbox.exec(_env_prefix(env, private) + command, timeout=test_timeout)
         try:
@@ -277,7 +274,6 @@ def grade_in(
         except SandboxError:
             report = ""
         tests, messages, started, exitstatus = parse_report(report)
-        sandbox.exec(f"rm -rf {private}", timeout=30)
         if not started and not run.timed_out:
             return GradeResult(False, {}, run.output, f"{_NOT_STARTED}: exit {run.exit_code}",
                                dropped_paths=tuple(dropped), error=True)  # fmt: skip

@@ -24,7 +24,7 @@ from envs.local import marked_pids, reap_sandboxes, sandboxes_dir
 from jaxswe.cli import main
 from jaxswe.config import RunConfig
 from jaxswe.errors import UserError
-from jaxswe.stages.context import check_isolation
+from jaxswe.stages.context import start_sandboxes
 
 ROOT = Path(__file__).parents[1]
 LIFETIME_S = 20
@@ -103,11 +103,10 @@ def test_dead_owners_local_sandboxes_are_reaped(tmp_path, monkeypatch, capsys):
 def test_every_run_states_its_isolation_and_refuses_none(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("JAXSWE_SANDBOX_DIR", str(tmp_path))
     cfg = RunConfig()
-    check_isolation(cfg)
+    start_sandboxes(cfg)
     assert "sandbox isolation: local: bubblewrap" in capsys.readouterr().err
     monkeypatch.setattr(envs.local, "bwrap_available", lambda: False)
-    with pytest.raises(UserError, match="unisolated"):
-        check_isolation(cfg)
-    assert "local: NONE" in capsys.readouterr().err
-    check_isolation(cfg.model_copy(update={"env": cfg.env.model_copy(update={"allow_unisolated": True})}))
-    assert "local: NONE" in capsys.readouterr().err
+    with pytest.raises(UserError, match="local: NONE .*allow_unisolated"):
+        start_sandboxes(cfg)
+    start_sandboxes(cfg.model_copy(update={"env": cfg.env.model_copy(update={"allow_unisolated": True})}))
+    assert "sandbox isolation: local: NONE" in capsys.readouterr().err

@@ -49,18 +49,25 @@ def check_settings(cfg: RunConfig) -> None:
         raise UserError("rl.rows_per_step must be a multiple of optimizer.micro_batches")
 
 
-def check_isolation(cfg: RunConfig) -> None:
-    """Say how model commands are isolated; refuse none unless the config allows it. Reap what dead
-    predecessors left (sandbox directories, containers)."""
-    from envs.backends import isolation, reap
+def check_isolation(cfg: RunConfig) -> str:
+    """How model commands are isolated, in words; refuses none unless the config allows it."""
+    from envs.backends import isolation
 
     words, isolated = isolation(cfg.env.backend)
-    print(f"jaxswe: sandbox isolation: {words}", file=sys.stderr)
     if not isolated and not cfg.env.allow_unisolated:
         raise UserError(
-            "model commands would run unisolated on this host (install bubblewrap, use env.backend=docker, "
-            "or pass --set env.allow_unisolated=true to accept it)"
+            f"{words}; install bubblewrap, use env.backend=docker, "
+            "or pass --set env.allow_unisolated=true to accept unisolated model commands"
         )
+    return words
+
+
+def start_sandboxes(cfg: RunConfig) -> None:
+    """Say how model commands are isolated, and reap what dead predecessors left (sandbox
+    directories, containers); once a stage's inputs are checked."""
+    from envs.backends import reap
+
+    print(f"jaxswe: sandbox isolation: {check_isolation(cfg)}", file=sys.stderr)
     removed = reap(cfg.env.backend)
     if removed:
         print(f"jaxswe: removed {len(removed)} sandboxes left by dead runs", file=sys.stderr)
@@ -93,6 +100,7 @@ def open_stage(
     tokenizer = load_tokenizer(policy.tokenizer_dir)
     prepare_stage_dir(stage_dir, cfg)
     write_model_file(stage_dir, policy)
+    start_sandboxes(cfg)
     by_id = {t.instance_id: t for t in [*tasks, *eval_tasks]}
     eval_ids = [t.instance_id for t in eval_tasks][: cfg.eval.max_tasks]
     return StageContext(

@@ -109,4 +109,4 @@ def test_every_run_states_its_isolation_and_refuses_none(monkeypatch, tmp_path, 
     with pytest.raises(UserError, match="local: NONE .*allow_unisolated"):
         start_sandboxes(cfg)
     start_sandboxes(cfg.model_copy(update={"env": cfg.env.model_copy(update={"allow_unisolated": True})}))
-    assert "sandbox isolation: local: NONE" in capsys.readouterr().err
+    assert "jaxswe: WARNING: sandbox isolation: local: NONE" in capsys.readouterr().err

@@ -65,9 +65,11 @@ def check_isolation(cfg: RunConfig) -> str:
 def start_sandboxes(cfg: RunConfig) -> None:
     """Say how model commands are isolated, and reap what dead predecessors left (sandbox
     directories, containers); once a stage's inputs are checked."""
-    from envs.backends import reap
+    from envs.backends import isolation, reap
 
-    print(f"jaxswe: sandbox isolation: {check_isolation(cfg)}", file=sys.stderr)
+    words = check_isolation(cfg)
+    warning = "" if isolation(cfg.env.backend)[1] else "WARNING: "
+    print(f"jaxswe: {warning}sandbox isolation: {words}", file=sys.stderr)
     removed = reap(cfg.env.backend)
     if removed:
         print(f"jaxswe: removed {len(removed)} sandboxes left by dead runs", file=sys.stderr)

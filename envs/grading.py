@@ -16,8 +16,10 @@
    PYTHONSAFEPATH, and the grader's plugin (envs.grader_plugin) whose JSON-lines report is the
    only source of results. The verdict needs the report's session end and the runner's exit
    status to agree. Other commands are parsed from their log by the task's named parser.
-6. A graded test missing from the results failed. A test command that never started (the
-   grader's plugin never loaded) is an infrastructure failure (`error`).
+6. A graded test missing from the results failed. Before the patch, a preflight (`--help` with
+   the grader's plugin) checks that the runner starts on the clean base; if it does not, the test
+   command cannot start: an infrastructure failure (`error`). A run the patch stops before the
+   plugin loads is the patch's failure.
 """
 
 from __future__ import annotations
@@ -226,12 +228,31 @@ def _status(rec: dict) -> str:
     return FAILED if when == "call" else ERROR
 
 
+def _preflight(sandbox: Sandbox, task: Task, private: str) -> GradeResult | None:
+    """On the clean base, before the patch: the runner starts and loads the grader's plugin (`--help`
+    loads `-p` plugins), else the test command cannot start: an infrastructure failure."""
+    sandbox.write_file(f"{private}/pytest.ini", "[pytest]\n")
+    sandbox.write_file(f"{private}/jaxswe_grader.py", _PLUGIN_SOURCE.read_text())
+    command, env = build_test_command(task, private, _config_file(sandbox))
+    if not env:
+        return None
+    run = sandbox.exec(_env_prefix(env, private) + command + " --help", timeout=300)
+    started = parse_report(_read(sandbox, f"{private}/report.jsonl"))[2]
+    sandbox.exec(f"rm -f {private}/report.jsonl", timeout=30)
+    if started:
+        return None
+    return GradeResult(False, {}, run.output, f"{_NOT_STARTED}: exit {run.exit_code}", error=True)
+
+
 def grade_in(
     sandbox: Sandbox, task: Task, patch: str, *, test_timeout: float = DEFAULT_TEST_TIMEOUT_S
 ) -> GradeResult:
     """Grade `patch` in `sandbox`, which must be fresh at the task's clean base state."""
     dropped: list[str] = []
     tamper: tuple[str, ...] = ()
+    private = f"/tmp/jaxswe-grader-{uuid.uuid4().hex}"
+    if _PYTEST_RE.match(task.test_command) and (failed := _preflight(sandbox, task, private)) is not None:
+        return failed
     if patch.strip():
         try:
             check_git_sections(patch)
@@ -263,22 +284,18 @@ def grade_in(
             else "the patch makes test_patch fail to apply"
         )
         return GradeResult(False, {}, out, why, dropped_paths=tuple(dropped), error=not clean)
-    private = f"/tmp/jaxswe-grader-{uuid.uuid4().hex}"
     command, env = build_test_command(task, private, _config_file(sandbox))
     if env:
-        sandbox.write_file(f"{private}/pytest.ini", "[pytest]\n")
-        sandbox.write_file(f"{private}/jaxswe_grader.py", _PLUGIN_SOURCE.read_text())
         run = sandbox.exec(_env_prefix(env, private) + command, timeout=test_timeout)
         try:
             report = sandbox.read_file(f"{private}/report.jsonl", max_bytes=REPORT_LIMIT)
         except SandboxError:
             report = ""
         tests, messages, started, exitstatus = parse_report(report)
-        if not started and not run.timed_out:
-            return GradeResult(False, {}, run.output, f"{_NOT_STARTED}: exit {run.exit_code}",
-                               dropped_paths=tuple(dropped), error=True)  # fmt: skip
         disagree = None
-        if exitstatus is None:
+        if not started:  # it started on the clean base (preflight): the patch stopped it
+            disagree = "the test run never reached the grader's plugin"
+        elif exitstatus is None:
             disagree = "the test run did not finish (no session end in the grader's report)"
         elif exitstatus != run.exit_code:
             disagree = f"the test command exited {run.exit_code} but its session ended with {exitstatus}"

@@ -226,3 +226,24 @@ def test_each_layer_alone():
     )
     assert tamper_reasons("+import _pytest\n", runner_exempt=True) == ()
     assert tamper_reasons("+def split(total, people):\n+    return sys.argv\n") == ()
+
+
+def test_plugin_hack_fails_with_the_tamper_scan_and_the_reset_both_off(task, tmp_path, monkeypatch):
+    """Depth: with neither the tamper scan nor the protected-path reset, the config-loaded plugin
+    cannot import (PYTHONSAFEPATH: the checkout is on sys.path only once the grader's plugin put it
+    there), so the run never reaches the grader's plugin: unresolved, and the patch's failure, not
+    an infrastructure one (the preflight on the clean base started)."""
+    import envs.grading
+
+    monkeypatch.setattr(envs.grading, "tamper_reasons", lambda diff, runner_exempt=False: ())
+    monkeypatch.setattr(envs.grading, "_protected_changes", lambda sandbox, changes, test_files: [])
+    pyproject = (clean_template(task) / "pyproject.toml").read_text()
+    addopts = 'testpaths = ["tests"]\naddopts = "-p billsplit._plug"'
+    files = {
+        "billsplit/_plug.py": PLUGIN,
+        "pyproject.toml": pyproject.replace('testpaths = ["tests"]', addopts),
+    }
+    result = grade(task, _git_diff(task, files, tmp_path))
+    assert not result.resolved and not result.error and not result.tamper and not result.dropped_paths
+    assert result.reason.startswith("5 of 5 graded tests not passing"), result.reason
+    assert "No module named 'billsplit'" in result.log

@@ -20,6 +20,33 @@ if TYPE_CHECKING:
 BACKENDS = ("local", "docker")
 
 
+def isolation(backend: str) -> tuple[str, bool]:
+    """(how model commands are isolated on `backend`, in words; whether they are isolated at all)."""
+    if backend == "docker":
+        return "docker: a container per episode (no network, memory/CPU/pids limits, own deadline)", True
+    from envs.local import bwrap_available
+
+    if bwrap_available():
+        return (
+            "local: bubblewrap (own pid/mount/net/ipc/uts namespaces, no capabilities, unprivileged uid, "
+            "rlimits; only the episode's checkout is visible)",
+            True,
+        )
+    return "local: NONE (bubblewrap is not installed: model commands run on this host as this user)", False
+
+
+def reap(backend: str) -> list[str]:
+    """Remove what dead predecessors left: local sandbox directories (always), containers (docker)."""
+    from envs.local import reap_sandboxes
+
+    removed = reap_sandboxes()
+    if backend == "docker":
+        from envs.docker_sandbox import reap_containers
+
+        removed += reap_containers()
+    return removed
+
+
 def open_sandbox(task: Task, backend: str = "local", **limits: Any) -> Sandbox:
     """A new sandbox of `task` (limits: timeout, output_limit, and per backend e.g. pids_limit)."""
     if backend == "local":
@@ -29,7 +56,7 @@ def open_sandbox(task: Task, backend: str = "local", **limits: Any) -> Sandbox:
 
         template = clean_template(task)
         env = {**venv_env(task, template), **limits.pop("env", {})}
-        return LocalSandbox(template, env=env, ro_paths=(str(task_venv(task)),), **limits)
+        return LocalSandbox(template, env=env, ro_binds=(str(task_venv(task)),), **limits)
     if backend == "docker":
         from envs.docker_sandbox import DockerSandbox, _client
         from envs.images import task_image

@@ -1,7 +1,12 @@
 """DockerSandbox: one container per episode from the task's image, removed on every exit path.
 
-The container runs `sleep infinity` under the engine's init, with no network and memory, CPU and
-pids limits, labelled with its owner (host, pid, process start time) and run. Each command is
+The container's main process is `sleep <lifetime_s>` under the engine's init, and the engine
+removes it when it stops (auto-remove): a container ends itself once its lifetime has passed even
+when the trainer was SIGKILLed. No network; memory, CPU and pids limits; labelled with its owner
+(host, pid, process start time) and run. A command longer than ARG_LIMIT goes through a file.
+A container that dies under a command (the command killed its init or ran it out of memory) is
+the policy's doing: that exec and every later one return exit code 137 and a message, and
+`dead` is set, instead of an exception (an infrastructure failure). Each command is
 `timeout -s KILL <t> bash -c <command>` through `docker exec`: on timeout `timeout` kills the
 command's whole process group inside the container, then every process still carrying the
 command's environment marker (nohup, setsid) is killed too. `reap_containers()` (run once per
@@ -16,6 +21,7 @@ import io
 import itertools
 import os
 import posixpath
+import shlex
 import socket
 import tarfile
 import threading
@@ -26,19 +32,29 @@ import weakref
 from envs.errors import SandboxError
 from envs.images import TESTBED
 from envs.sandbox import (
+    ARG_LIMIT,
     COMMAND_ENV,
     COMMAND_MARKER,
     DEFAULT_OUTPUT_LIMIT,
+    DEFAULT_READ_LIMIT,
     DEFAULT_TIMEOUT_S,
+    READ_SCRIPT,
+    READ_TIMEOUT_S,
     SANDBOX_MARKER,
     TIMEOUT_EXIT_CODE,
     ExecResult,
     OutputBuffer,
+    owner_alive,
+    read_error,
     resolve_timeout,
+    start_time,
     unrunnable,
 )
 
 LABEL = "jaxswe.sandbox"
+BUILD_LABEL = "jaxswe.build"
+DEFAULT_LIFETIME_S = 6 * 3600.0  # a container's own deadline: longer than any episode plus its grading
+DEAD_EXIT_CODE = 137
 _WATCHDOG_GRACE_S = 0.1  # the client kills marked processes this long after the deadline
 # Kill every process whose environment holds the entry $1 (run inside the container).
 _KILL_MARKED = (
@@ -49,15 +65,6 @@ _KILL_MARKED = (
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 _reaped = False
 _reap_lock = threading.Lock()
-
-
-def _start_time(pid: int) -> str:
-    """A process's start time in clock ticks since boot ('' if it does not exist)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return ""
 
 
 def _client(client=None):
@@ -81,23 +88,40 @@ def engine_available() -> bool:
         return False
 
 
+_UNOWNED_BUILD_AGE_S = 2 * 3600.0  # a build container without an owner label is reaped after this
+
+
+def _age_s(container) -> float:
+    from datetime import datetime
+
+    created = container.attrs.get("Created", "")
+    try:
+        when = datetime.fromisoformat(created[:26].rstrip("Z") + "+00:00")
+    except ValueError:
+        return 0.0
+    return time.time() - when.timestamp()
+
+
 def reap_containers(client=None) -> list[str]:
-    """Remove this host's labelled sandbox containers whose owner process is gone; their names."""
+    """Remove this host's labelled sandbox and build containers whose owner process is gone; their names.
+
+    Build containers (envs.images) carry no owner label: those are removed once 2 hours old."""
     client = _client(client)
-    host = socket.gethostname()
     removed = []
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
-        labels = container.labels
-        if labels.get("jaxswe.owner_host") != host:
-            continue
-        pid = int(labels.get("jaxswe.owner_pid", "0") or 0)
-        if pid and _start_time(pid) == labels.get("jaxswe.owner_start"):
-            continue  # its owner is alive
-        try:
-            container.remove(force=True)
-            removed.append(container.name)
-        except Exception:  # already gone (another reaper)
-            pass
+    for label in (LABEL, BUILD_LABEL):
+        for container in client.containers.list(all=True, filters={"label": f"{label}=1"}):
+            labels = container.labels
+            owner = {k: labels.get(f"jaxswe.owner_{k}", "") for k in ("host", "pid", "start")}
+            if label == BUILD_LABEL and not owner["host"]:
+                if _age_s(container) < _UNOWNED_BUILD_AGE_S:
+                    continue  # an unowned build container may be some process's build in progress
+            elif owner_alive(owner):
+                continue
+            try:
+                container.remove(force=True)
+                removed.append(container.name)
+            except Exception:  # already gone (another reaper, or auto-removed)
+                pass
     return removed
 
 
@@ -123,6 +147,7 @@ class DockerSandbox:
         mem_limit: str = "2g",
         cpus: float = 1.0,
         pids_limit: int = 512,
+        lifetime_s: float = DEFAULT_LIFETIME_S,
         run: str = "",
         env: dict[str, str] | None = None,
         client=None,
@@ -138,6 +163,7 @@ class DockerSandbox:
         self.id = uuid.uuid4().hex
         self._counter = itertools.count()
         self._closed = False
+        self.dead = False
         self._lock = threading.Lock()
         self._env = {**COMMAND_ENV, SANDBOX_MARKER: self.id, **(env or {})}
         _reap_once(self.client)
@@ -145,13 +171,15 @@ class DockerSandbox:
             LABEL: "1",
             "jaxswe.owner_host": socket.gethostname(),
             "jaxswe.owner_pid": str(os.getpid()),
-            "jaxswe.owner_start": _start_time(os.getpid()),
+            "jaxswe.owner_start": start_time(os.getpid()),
+            "jaxswe.deadline": str(int(time.time() + resolve_timeout(lifetime_s, DEFAULT_LIFETIME_S))),
             "jaxswe.run": run,
         }
         try:
             self.container = self.client.containers.create(
                 image,
-                command=["sleep", "infinity"],
+                command=["sleep", str(int(resolve_timeout(lifetime_s, DEFAULT_LIFETIME_S)))],
+                auto_remove=True,
                 name=f"jaxswe-{self.id[:16]}",
                 init=True,
                 network_mode="none",
@@ -196,11 +224,18 @@ class DockerSandbox:
             raise SandboxError("exec on a closed sandbox")
         if (refused := unrunnable(command)) is not None:
             return refused
+        if self.dead:
+            return self._dead_result()
         limit = resolve_timeout(timeout, self.timeout)
-        marker_value = f"{self.id}.{next(self._counter)}"
+        n = next(self._counter)
+        marker_value = f"{self.id}.{n}"
         marker = f"{COMMAND_MARKER}={marker_value}"
         script = f"{self.shell_init}\n{command}" if self.shell_init else command
         argv = ["timeout", "-s", "KILL", f"{limit:.3f}s", "bash", "-c", script]
+        if len(script.encode()) > ARG_LIMIT:  # too long for one argument: through a file
+            path = f"/tmp/.jaxswe-command-{n}.sh"
+            self._put(path, script.encode())
+            argv[-1:] = ['script=$1; shift; . "$script"; rc=$?; rm -f "$script"; exit $rc', "bash", path]
         buf = OutputBuffer(self.output_limit)
         fired = threading.Event()
 
@@ -212,6 +247,8 @@ class DockerSandbox:
         try:
             exec_id, stream = self._exec_raw(argv, {**self._env, COMMAND_MARKER: marker_value})
         except Exception as err:
+            if self._died():
+                return self._dead_result()
             raise SandboxError(f"docker exec failed: {err}") from None
         timer = threading.Timer(limit + _WATCHDOG_GRACE_S, watchdog)
         timer.daemon = True
@@ -223,6 +260,8 @@ class DockerSandbox:
             timer.cancel()
             timer.join()
         code = self.api.exec_inspect(exec_id).get("ExitCode")
+        if code in (None, DEAD_EXIT_CODE, -1) and self._died():
+            return ExecResult(buf.text() + self._dead_result().output, DEAD_EXIT_CODE)
         elapsed = time.monotonic() - start
         timed_out = fired.is_set() or (code == 137 and elapsed >= limit - 0.05)
         if timed_out:
@@ -231,40 +270,78 @@ class DockerSandbox:
             code = TIMEOUT_EXIT_CODE
         return ExecResult(output=buf.text(), exit_code=-1 if code is None else code, timed_out=timed_out)
 
+    def _died(self, wait_s: float = 1.0) -> bool:
+        """Whether the container stopped under a command (its main process was killed, or it ran out of
+        memory); a stopping container can look running for a moment, so this looks for `wait_s`."""
+        import docker
+
+        deadline = time.monotonic() + wait_s
+        while not self.dead:
+            try:
+                self.container.reload()
+                self.dead = self.container.status != "running"
+            except docker.errors.NotFound:
+                self.dead = True
+            if self.dead or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        return self.dead
+
+    def _dead_result(self) -> ExecResult:
+        return ExecResult(
+            "the sandbox is gone: a command killed it or ran it out of memory\n", DEAD_EXIT_CODE
+        )
+
     # -- files ----------------------------------------------------------------------------------
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else posixpath.join(self.workdir, path)
 
-    def read_file(self, path: str) -> str:
-        """Text of a file in the container (relative paths: under the repository)."""
-        import docker
+    def read_file(self, path: str, max_bytes: int = DEFAULT_READ_LIMIT) -> str:
+        """Text of a regular file of at most `max_bytes` in the container (relative: under the repository)."""
+        if "\0" in path:
+            raise SandboxError(f"cannot read {path!r}: the name holds a NUL byte")
+        if self.dead:
+            raise SandboxError(f"cannot read {path}: the sandbox is gone")
+        argv = ["timeout", "-s", "KILL", f"{READ_TIMEOUT_S:.0f}s", "sh", "-c", READ_SCRIPT, "read",
+                self._abs(path), str(max_bytes)]  # fmt: skip
+        exec_id = self.api.exec_create(
+            self.container.id, argv, stdout=True, stderr=True, workdir=self.workdir, environment=self._env
+        )["Id"]
+        out, err = bytearray(), bytearray()
+        for chunk_out, chunk_err in self.api.exec_start(exec_id, stream=True, demux=True):
+            if chunk_out and len(out) <= max_bytes:
+                out += chunk_out
+            if chunk_err and len(err) < 4096:
+                err += chunk_err
+        code = self.api.exec_inspect(exec_id).get("ExitCode")
+        error = read_error(path, code, err.decode("utf-8", "replace"), max_bytes, code == DEAD_EXIT_CODE)
+        if error is not None:
+            raise error
+        return bytes(out[:max_bytes]).decode("utf-8", errors="replace")
 
-        try:
-            chunks, _ = self.api.get_archive(self.container.id, self._abs(path))
-        except docker.errors.NotFound:
-            raise SandboxError(f"cannot read {path}: no such file") from None
-        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
-            member = tar.next()
-            f = tar.extractfile(member) if member is not None else None
-            if f is None:
-                raise SandboxError(f"cannot read {path}: not a regular file")
-            return f.read().decode("utf-8", errors="replace")
-
-    def write_file(self, path: str, content: str) -> None:
-        """Write a text file, creating parent directories (relative paths: under the repository)."""
-        target = self._abs(path)
+    def _put(self, target: str, data: bytes) -> None:
         parent, name = posixpath.split(target)
-        made = self.exec(f"mkdir -p '{parent}'", timeout=30)
-        if made.exit_code != 0:
-            raise SandboxError(f"cannot write {path}: {made.output.strip()}")
-        data = content.encode()
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
             tar.addfile(info, io.BytesIO(data))
         if not self.api.put_archive(self.container.id, parent, buf.getvalue()):
-            raise SandboxError(f"cannot write {path}")
+            raise SandboxError(f"cannot write {target}")
+
+    def write_file(self, path: str, content: str) -> None:
+        """Write a text file, creating parent directories (relative paths: under the repository)."""
+        if "\0" in path:
+            raise SandboxError(f"cannot write {path!r}: the name holds a NUL byte")
+        target = self._abs(path)
+        parent = posixpath.dirname(target)
+        made = self.exec(f"mkdir -p -- {shlex.quote(parent)}", timeout=30)
+        if made.exit_code != 0:
+            raise SandboxError(f"cannot write {path}: {made.output.strip()}")
+        try:
+            self._put(target, content.encode())
+        except Exception as err:
+            raise SandboxError(f"cannot write {path}: {err}") from None
 
     # -- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:
@@ -287,7 +364,7 @@ class DockerSandbox:
         self.close()
 
     def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
+        if not getattr(self, "_closed", True) and hasattr(self, "container"):
             self.close()
 
 

@@ -1,72 +1,87 @@
-"""Unified diffs: which files a patch touches, and keeping an agent's patch off the test files.
+"""Unified diffs: which files a patch touches (git's own parser) and which of them the agent may not change.
 
-What counts as a test path (changes there are dropped from the agent's patch before grading):
-the files test_patch touches, anything under a `tests/`, `test/` or `testing/` directory,
-`test_*.py`, `*_test.py`, `conftest.py` and `pytest.ini` anywhere. New files count the same way.
+Grading never splits a patch by hand: the paths come from `git apply --numstat -z` (here) or from
+the index after `git apply --index` (envs.grading), so the file list and what gets applied come
+from the same parser. Protected paths (changes there are reset to the base state before grading):
+
+- test paths: the files test_patch touches, anything under a `tests/`, `test/` or `testing/`
+  directory, `test_*.py`, `*_test.py`, `conftest.py` anywhere;
+- test-runner configuration anywhere: pytest.ini, .pytest.ini, pytest.toml, .pytest.toml, tox.ini,
+  setup.cfg (pyproject.toml only when its `[tool.pytest...]` tables change, see envs.grading);
+- interpreter start-up hooks: `*.pth`, sitecustomize.py, usercustomize.py;
+- new files that could shadow the runner or a module: pytest.py, a pytest/ _pytest/ pluggy/
+  iniconfig/ package, compiled modules (*.pyc, *.so, *.pyd, __pycache__/).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
+import subprocess
 from collections.abc import Iterable
 from pathlib import PurePosixPath
 
-_HEADER_RE = re.compile(r"^diff --git (?:\"?a/(.+?)\"?) (?:\"?b/(.+?)\"?)$")
 _TEST_DIRS = {"tests", "test", "testing"}
-_TEST_NAMES = ("test_*.py", "*_test.py", "conftest.py", "pytest.ini")
+_TEST_NAMES = ("test_*.py", "*_test.py", "conftest.py")
+RUNNER_CONFIGS = ("pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg")
+_STARTUP_NAMES = ("*.pth", "sitecustomize.py", "usercustomize.py")
+_SHADOW_PACKAGES = {"pytest", "_pytest", "pluggy", "iniconfig", "jaxswe_grader"}
+_COMPILED = ("*.pyc", "*.pyo", "*.so", "*.pyd")
+_HEADER_RE = re.compile(r"^diff --git ", re.MULTILINE)
 
 
-def _sections(diff: str) -> list[tuple[list[str], str]]:
-    """Split a git diff into (paths, text) per file; text before the first header is dropped."""
-    sections: list[tuple[list[str], str]] = []
-    lines = diff.splitlines(keepends=True)
-    start, paths = None, []
-    for i, line in enumerate(lines):
-        m = _HEADER_RE.match(line.rstrip("\n"))
-        if m:
-            if start is not None:
-                sections.append((paths, "".join(lines[start:i])))
-            start, paths = i, [m.group(1), m.group(2)]
-    if start is not None:
-        sections.append((paths, "".join(lines[start:])))
-    return sections
+class PatchError(ValueError):
+    """A patch git cannot parse, or one with a section that has no `diff --git` header."""
 
 
-def _plain_sections(diff: str) -> list[tuple[list[str], str]]:
-    """Split a plain `---/+++` unified diff (no git headers) per file."""
-    sections: list[tuple[list[str], str]] = []
-    lines = diff.splitlines(keepends=True)
-    starts = [
-        i for i in range(len(lines) - 1) if lines[i].startswith("--- ") and lines[i + 1].startswith("+++ ")
-    ]
-    for n, i in enumerate(starts):
-        end = starts[n + 1] if n + 1 < len(starts) else len(lines)
-        paths = [_strip_prefix(lines[i][4:]), _strip_prefix(lines[i + 1][4:])]
-        sections.append(([p for p in paths if p != "/dev/null"], "".join(lines[i:end])))
-    return sections
+def numstat(diff: str) -> list[str]:
+    """One path per file section of `diff` (the new name of a rename), from `git apply --numstat -z`.
+
+    Raises PatchError when git cannot parse the diff.
+    """
+    done = subprocess.run(
+        ["git", "apply", "--numstat", "-z", "-"], input=diff.encode("utf-8", "surrogateescape"),
+        capture_output=True,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise PatchError(
+            done.stderr.decode("utf-8", "replace").strip()[-300:] or "git cannot parse the patch"
+        )
+    paths = []
+    for entry in done.stdout.split(b"\0"):
+        if entry:
+            paths.append(entry.split(b"\t", 2)[2].decode("utf-8", "surrogateescape"))
+    return paths
 
 
-def _strip_prefix(name: str) -> str:
-    name = name.rstrip("\n").split("\t")[0].strip()
-    return name if name == "/dev/null" else name.split("/", 1)[-1]
+def check_git_sections(diff: str) -> list[str]:
+    """The paths of `diff` when git parses it and every file section has a `diff --git` header.
 
-
-def file_sections(diff: str) -> list[tuple[list[str], str]]:
-    return _sections(diff) if "diff --git " in diff else _plain_sections(diff)
+    A plain `---/+++` section is refused: git and other tools disagree about such sections, and a
+    patch the agent makes with `git diff` never has one.
+    """
+    paths = numstat(diff)
+    headers = len(_HEADER_RE.findall(diff))
+    if headers != len(paths):
+        raise PatchError(
+            f"{len(paths)} file sections but {headers} `diff --git` headers; "
+            "every section needs a git header (make the patch with `git diff`)"
+        )
+    return paths
 
 
 def patch_files(diff: str) -> list[str]:
-    """Paths a diff touches (old and new names), in order, without duplicates."""
-    seen: dict[str, None] = {}
-    for paths, _ in file_sections(diff):
-        for p in paths:
-            seen.setdefault(p, None)
-    return list(seen)
+    """Paths a diff touches, in order, without duplicates ([] when git cannot parse it)."""
+    if not diff.strip():
+        return []
+    try:
+        return list(dict.fromkeys(numstat(diff)))
+    except PatchError:
+        return []
 
 
 def is_test_path(path: str, test_files: Iterable[str] = ()) -> bool:
-    """Whether an agent's change to `path` is dropped before grading (see the module docstring)."""
+    """Whether `path` is a test file or directory entry the agent's patch may not change."""
     pure = PurePosixPath(path)
     if path in set(test_files):
         return True
@@ -75,16 +90,25 @@ def is_test_path(path: str, test_files: Iterable[str] = ()) -> bool:
     return any(fnmatch.fnmatch(pure.name, pat) for pat in _TEST_NAMES)
 
 
-def split_patch(diff: str, test_files: Iterable[str] = ()) -> tuple[str, list[str]]:
-    """(the patch without sections touching test paths, the dropped paths)."""
-    test_files = set(test_files)
-    kept, dropped = [], []
-    for paths, text in file_sections(diff):
-        if any(is_test_path(p, test_files) for p in paths):
-            dropped.extend(p for p in paths if p not in dropped)
-        else:
-            kept.append(text if text.endswith("\n") else text + "\n")
-    return "".join(kept), dropped
+def is_protected(path: str, test_files: Iterable[str] = (), *, new: bool = True) -> bool:
+    """Whether a change to `path` is reset before grading (see the module docstring).
+
+    `new`: the file does not exist at the base commit (shadowing rules apply only to new files,
+    so a project may change its own modules even when it is pytest itself).
+    """
+    pure = PurePosixPath(path)
+    name = pure.name
+    if is_test_path(path, test_files) or name in RUNNER_CONFIGS:
+        return True
+    if any(fnmatch.fnmatch(name, pat) for pat in _STARTUP_NAMES):
+        return True
+    if not new:
+        return False
+    if "__pycache__" in pure.parts or any(fnmatch.fnmatch(name, pat) for pat in _COMPILED):
+        return True
+    if name.endswith(".py") and name.removesuffix(".py") in _SHADOW_PACKAGES:
+        return True
+    return any(part in _SHADOW_PACKAGES for part in pure.parts[:-1])
 
 
 def changed_lines(diff: str) -> int:

@@ -20,6 +20,7 @@ _COMMAND_MODULES: list[str] = [
     "jaxswe.stages.cli",
     "jaxswe.model.cli",
     "jaxswe.plan",
+    "jaxswe.sandboxes_cli",
 ]
 
 app = typer.Typer(

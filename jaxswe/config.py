@@ -114,6 +114,7 @@ class EnvSection(Section):
     memory_limit: str = "2g"
     cpu_limit: float = Field(0.5, gt=0)
     pids_limit: int = Field(256, gt=0)
+    allow_unisolated: bool = False  # run model commands on the host when bwrap is missing (local)
 
 
 class AgentSection(Section):

@@ -70,3 +70,25 @@ def test_kill_during_checkpoint_save_then_resume(tmp_path):
     code, out = _finish(_start(run_dir, "--resume", cache=cache))
     assert code == 0, out
     _check_complete(run_dir)
+
+
+@pytest.mark.slow
+def test_corrupt_latest_checkpoint_then_resume(tmp_path):
+    """The newest checkpoint is unreadable: resume continues from the previous good one (no
+    StepAlreadyExistsError when it saves that step again) and metrics.jsonl keeps every row."""
+    run_dir, cache = tmp_path / "rl", tmp_path / "xla"
+    code, out = _finish(_start(run_dir, cache=cache))
+    assert code == 0, out
+    rows = read_rows(run_dir / "metrics.jsonl")
+    for f in (run_dir / "checkpoints" / str(ITERATIONS)).rglob("*"):
+        if f.is_file() and f.parent.name == "d":
+            f.write_bytes(b"\0garbage" * 8)
+    code, out = _finish(_start(run_dir, "--resume", cache=cache))
+    assert code == 0, out
+    assert (
+        f"checkpoints/{ITERATIONS} is unreadable" in out
+        and f"resuming RL from iteration {ITERATIONS - 1}" in out
+    )
+    _check_complete(run_dir)
+    assert [r["step"] for r in read_rows(run_dir / "metrics.jsonl")] == [r["step"] for r in rows]
+    assert len(list((run_dir / "checkpoints" / "unreadable").iterdir())) == 1

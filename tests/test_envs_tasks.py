@@ -9,7 +9,14 @@ import pytest
 from envs import Task, TaskError, load_tasks
 from envs.builtin import materialize
 from envs.parsers import parse_django, parse_junit_xml, parse_pytest
-from envs.patches import changed_lines, is_test_path, patch_files, split_patch
+from envs.patches import (
+    PatchError,
+    changed_lines,
+    check_git_sections,
+    is_protected,
+    is_test_path,
+    patch_files,
+)
 from envs.sandbox import OutputBuffer
 
 DATA = Path(__file__).parent / "data" / "builtin_tasks"
@@ -156,12 +163,44 @@ diff --git a/docs/latest.md b/docs/latest.md
 """
 
 
-def test_split_patch_drops_test_paths():
-    kept, dropped = split_patch(GIT_DIFF, ["docs/latest.md"])
-    assert patch_files(kept) == ["src/pkg/core.py"]
-    assert dropped == ["tests/test_core.py", "conftest.py", "pkg/check_test.py", "docs/latest.md"]
+def test_patch_files_come_from_git():
+    files = patch_files(GIT_DIFF)
+    assert files == [
+        "src/pkg/core.py",
+        "tests/test_core.py",
+        "conftest.py",
+        "pkg/check_test.py",
+        "docs/latest.md",
+    ]
+    assert [f for f in files if is_protected(f, ["docs/latest.md"])] == files[1:]
     assert changed_lines(GIT_DIFF) == 9
-    assert patch_files("--- a/m.py\t2020\n+++ b/m.py\n@@ -1 +1 @@\n-a\n+b\n") == ["m.py"]
+    plain = "--- a/m.py\t2020\n+++ b/m.py\n@@ -1 +1 @@\n-a\n+b\n"
+    assert patch_files(plain) == ["m.py"]
+    with pytest.raises(PatchError, match="git header"):
+        check_git_sections(plain)
+    assert check_git_sections(GIT_DIFF) == files
+
+
+@pytest.mark.parametrize(
+    ("path", "new", "protected"),
+    [
+        ("pkg/tox.ini", False, True),
+        ("setup.cfg", False, True),
+        (".pytest.ini", True, True),
+        ("a/b.pth", False, True),
+        ("sitecustomize.py", True, True),
+        ("pytest.py", True, True),
+        ("pytest/__main__.py", True, True),
+        ("src/_pytest/runner.py", False, False),  # pytest's own repository changes its own code
+        ("src/_pytest/new.py", True, True),
+        ("pkg/__pycache__/m.cpython-311.pyc", True, True),
+        ("pkg/fast.so", True, True),
+        ("pyproject.toml", False, False),  # only its pytest tables are checked (by the grader)
+        ("pkg/core.py", True, False),
+    ],
+)
+def test_is_protected(path, new, protected):
+    assert is_protected(path, new=new) is protected
 
 
 @pytest.mark.parametrize(
@@ -173,7 +212,6 @@ def test_split_patch_drops_test_paths():
         ("test_a.py", True),
         ("pkg/a_test.py", True),
         ("deep/conftest.py", True),
-        ("pytest.ini", True),
         ("pkg/testsuite.py", False),
         ("pkg/latest.py", False),
         ("tests.py", False),

@@ -69,21 +69,26 @@ def test_tampering_never_resolves(tasks):
     for what, patch in patches.items():
         result = grade(task, patch)
         assert not result.resolved, what
-        assert result.tests["tests/test_calc.py::test_add"] != "PASSED", what
+        assert result.tests.get("tests/test_calc.py::test_add") != "PASSED", what
     assert grade(task, patches["adds a skipping conftest.py"]).dropped_paths == ("conftest.py",)
+    assert grade(task, patches["prints fake PASSED lines"]).tamper == ("registers an exit hook",)
 
 
 def test_exit_code_and_missing_tests(tasks):
     task = tasks["calc__add"]
     fixed = CALC.replace("return a - b", "return a + b", 1)
-    # every test passes in the report, but the process then dies with exit code 3
-    crash = _diff("calc.py", CALC, "import atexit, os\natexit.register(lambda: os._exit(3))\n" + fixed)
+    # every test passes and the session ends with 0, then the process dies at exit (no atexit/os._exit)
+    dies = "import os, weakref\n\n\nclass _K:\n    pass\n\n\n_k = _K()\n"
+    dies += "weakref.finalize(_k, os.kill, os.getpid(), 9)\n"
+    crash = _diff("calc.py", CALC, dies + fixed)
     result = grade(task, crash)
-    assert not result.resolved and "exited 3" in result.reason
+    assert not result.resolved and "exited 137 but its session ended with 0" in result.reason, result.reason
     # the module kills pytest before any report: every graded test is missing
-    killer = _diff("calc.py", CALC, "import os\nos._exit(0)\n" + fixed)
+    killer = _diff("calc.py", CALC, "import os\nos.kill(os.getpid(), 9)\n" + fixed)
     result = grade(task, killer)
-    assert not result.resolved and result.tests["tests/test_calc.py::test_add"] == "MISSING"
+    assert (
+        not result.resolved and result.tests["tests/test_calc.py::test_add"] == "MISSING" and not result.error
+    )
 
 
 def test_patch_that_does_not_apply(tasks):
@@ -94,12 +99,16 @@ def test_patch_that_does_not_apply(tasks):
     assert grade(task, "not a diff at all\n").reason.startswith("patch does not apply")
 
 
-def test_test_command_gets_a_junit_report_only_for_plain_pytest(tasks):
+def test_test_command_gets_the_graders_configuration_only_for_plain_pytest(tasks):
     task = tasks["calc__add"]
-    assert build_test_command(task, "/tmp/r.xml") == "pytest -rA -o junit_family=xunit1 --junitxml=/tmp/r.xml"
-    assert build_test_command(tasks["words__snake"], "/r.xml").startswith("python3 -m pytest -rA")
+    command, env = build_test_command(task, "/tmp/g")
+    assert command == "pytest -c /tmp/g/pytest.ini --rootdir=. -p no:cacheprovider -p jaxswe_grader"
+    assert env == {"JAXSWE_GRADER_REPORT": "/tmp/g/report.jsonl", "PYTHONSAFEPATH": "1"}
+    command, env = build_test_command(tasks["words__snake"], "/tmp/g", "pyproject.toml")
+    assert command.startswith("python3 -m pytest ") and "-c pyproject.toml" in command
+    assert env["JAXSWE_GRADER_CWD"] == "1"  # `python -m` put the checkout on sys.path: the plugin does, later
     other = type(task)(**{**task.__dict__, "test_cmd": "pytest; echo hi"})
-    assert build_test_command(other, "/r.xml") == "pytest; echo hi"
+    assert build_test_command(other, "/tmp/g") == ("pytest; echo hi", {})
 
 
 def test_validate_and_filter(tasks):

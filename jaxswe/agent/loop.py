@@ -135,6 +135,7 @@ async def run_episode(
             # the environment ended the episode (an "error" here is the policy's, e.g. too many
             # format errors): it scores it
             traj.reward = float(await env_call(env.reward, key="reward_s"))
+            traj.metadata["tamper"] = list(getattr(env, "tamper", ()))
         elif traj.ended_by in ("max_turns", "context"):
             traj.reward = 0.0
     except Exception as err:  # any failure outside the policy: keep the record, exclude it from RL

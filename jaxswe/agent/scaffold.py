@@ -1,9 +1,11 @@
 """Run parsed commands against a sandbox; keeps the per-episode state (cwd, open file, window).
 
-File commands run host-side through the sandbox protocol (`read_file`, `write_file`, `exec`), so
-they behave the same on every backend. Shell commands run with `bash` from the tracked current
-directory; an EXIT trap prints a per-episode marker and `$PWD`, so a `cd` carries over to the next
-command (environment variables do not). Every observation ends with the status line.
+File commands go through the sandbox protocol (`read_file`, `write_file`, `exec`), which runs
+them inside the sandbox on every backend (never on the host); reads are bounded (regular files of
+at most the sandbox's read limit), and a path a sandbox call rejects becomes an observation.
+Shell commands run with `bash` from the tracked current directory; an EXIT trap prints a
+per-episode marker and `$PWD`, so a `cd` carries over to the next command (environment variables
+do not). Every observation ends with the status line.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import secrets
 import shlex
 from typing import Protocol
 
+from envs.errors import SandboxError
 from jaxswe.agent.commands import Command, FormatError, UsageError
 from jaxswe.agent.prompts import Prompts, render
 
@@ -101,7 +104,10 @@ class Scaffold:
         elif action.name == "shell":
             body = self._shell(action.raw)
         else:
-            body = getattr(self, f"_cmd_{action.name}")(action)
+            try:
+                body = getattr(self, f"_cmd_{action.name}")(action)
+            except SandboxError as err:  # a file the sandbox will not read or write: the policy's
+                body = self._usage(str(err))
         return f"{body}\n{self.status_line()}" if body else self.status_line()
 
     def _usage(self, message: str) -> str:

@@ -4,6 +4,12 @@
 reply and runs its command; `submit` takes the patch (`git add -A` + `git diff --cached` against
 the starting HEAD), closes the sandbox and ends the episode; `reward()` grades the patch in a
 FRESH sandbox (1.0 if resolved). The sandbox is closed on every path, exceptions included.
+
+Honest rewards: a grading error (test_patch does not apply to the clean base, the test command
+cannot start) raises GradingError, so the agent loop records an infrastructure failure that RL
+excludes; what the policy causes is scored 0 and never excluded: a command that kills its sandbox
+(or runs it out of memory) ends the episode as "error" with reward 0, a file name a sandbox call
+rejects is an observation, a patch that breaks test_patch or tampers with grading grades 0.
 """
 
 from __future__ import annotations
@@ -11,10 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from envs.base import ENDED_SUBMITTED, Step
+from envs.base import ENDED_ERROR, ENDED_SUBMITTED, Step
 from jaxswe.agent.commands import Command, FormatError, parse_action
 from jaxswe.agent.prompts import Prompts, load_prompts, render
 from jaxswe.agent.scaffold import SandboxLike, Scaffold
+
+
+class GradingError(RuntimeError):
+    """Grading failed for a reason outside the policy (the task or the infrastructure)."""
 
 
 class SWEEnv:
@@ -78,6 +88,11 @@ class SWEEnv:
     def task_id(self) -> str:
         return self.task.instance_id
 
+    @property
+    def tamper(self) -> tuple[str, ...]:
+        """Why grading flagged the submitted patch as tampering (empty if it did not, or not graded yet)."""
+        return tuple(getattr(self.grade_result, "tamper", ()) or ())
+
     # ------------------------------------------------------------------ Environment
     def reset(self) -> str:
         if self.sandbox is not None or self.patch is not None:
@@ -116,7 +131,12 @@ class SWEEnv:
                 self.close()
                 return Step("", done=True, ended_by=ENDED_SUBMITTED, info={"patch": self.patch})
             kind = action.name if isinstance(action, Command) else "usage_error"
-            return Step(self.scaffold.run(action), info={"command": kind})
+            observation = self.scaffold.run(action)
+            if getattr(self.sandbox, "dead", False):  # the policy's command killed its sandbox: scored 0
+                self.close()
+                info = {"command": kind, "sandbox_dead": True}
+                return Step(observation, done=True, ended_by=ENDED_ERROR, info=info)
+            return Step(observation, info={"command": kind})
         except BaseException:
             self.close()
             raise
@@ -127,6 +147,8 @@ class SWEEnv:
             return 0.0
         if self._reward is None:
             self.grade_result = self._grade(self.task, self.patch)
+            if getattr(self.grade_result, "error", False):
+                raise GradingError(f"grading {self.task_id} failed: {self.grade_result.reason}")
             resolved = getattr(self.grade_result, "resolved", self.grade_result)
             self._reward = 1.0 if resolved else 0.0
         return self._reward

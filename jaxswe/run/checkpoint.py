@@ -2,13 +2,16 @@
 
 Saves are synchronous, so once `save` returns the checkpoint is committed (Orbax writes to a
 temporary directory and renames it, so a killed save leaves nothing that looks complete).
-`restore_latest` walks back from the newest step when one cannot be read (corrupt or partial)
-and says so on stderr.
+`restore_latest` walks back from the newest step when one cannot be read (corrupt or partial):
+it says so on stderr and moves that step aside into `unreadable/` (so the next save of that step
+number does not collide with it); when every step is unreadable it raises instead of letting a
+resumed run silently start over.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,19 +67,36 @@ class Checkpoints:
     def restore_latest(
         self, abstract_items: dict[str, Any]
     ) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
-        """Newest readable checkpoint as (step, items, meta), or None when there is none."""
-        for step in reversed(self.steps()):
+        """Newest readable checkpoint as (step, items, meta), or None when there is no step at all.
+
+        Unreadable steps are moved to `<directory>/unreadable/`; CheckpointError when none is readable.
+        """
+        steps = self.steps()
+        for step in reversed(steps):
             try:
                 items, meta = self.restore(step, abstract_items)
             except Exception as err:  # any read failure means this step is unusable
+                aside = self._move_aside(step)
                 print(
                     f"jaxswe: checkpoint {self.directory / str(step)} is unreadable "
-                    f"({type(err).__name__}: {_first_line(err)}); using the previous one",
+                    f"({type(err).__name__}: {_first_line(err)}); moved to {aside}, using the previous one",
                     file=sys.stderr,
                 )
                 continue
             return step, items, meta
+        if steps:
+            raise CheckpointError(
+                f"{self.directory}: no checkpoint is readable (steps {steps} moved to "
+                f"{self.directory / 'unreadable'}); restore one or start a new --run-dir"
+            )
         return None
+
+    def _move_aside(self, step: int) -> Path:
+        target = self.directory / "unreadable" / f"{step}-{int(time.time())}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (self.directory / str(step)).rename(target)
+        self._mgr.reload()
+        return target
 
     def close(self) -> None:
         self._mgr.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,9 +49,36 @@ def check_settings(cfg: RunConfig) -> None:
         raise UserError("rl.rows_per_step must be a multiple of optimizer.micro_batches")
 
 
+def check_isolation(cfg: RunConfig) -> str:
+    """How model commands are isolated, in words; refuses none unless the config allows it."""
+    from envs.backends import isolation
+
+    words, isolated = isolation(cfg.env.backend)
+    if not isolated and not cfg.env.allow_unisolated:
+        raise UserError(
+            f"{words}; install bubblewrap, use env.backend=docker, "
+            "or pass --set env.allow_unisolated=true to accept unisolated model commands"
+        )
+    return words
+
+
+def start_sandboxes(cfg: RunConfig) -> None:
+    """Say how model commands are isolated, and reap what dead predecessors left (sandbox
+    directories, containers); once a stage's inputs are checked."""
+    from envs.backends import isolation, reap
+
+    words = check_isolation(cfg)
+    warning = "" if isolation(cfg.env.backend)[1] else "WARNING: "
+    print(f"jaxswe: {warning}sandbox isolation: {words}", file=sys.stderr)
+    removed = reap(cfg.env.backend)
+    if removed:
+        print(f"jaxswe: removed {len(removed)} sandboxes left by dead runs", file=sys.stderr)
+
+
 def check_inputs(cfg: RunConfig) -> tuple[list[Any], list[Any]]:
-    """Validate everything outside the model before work starts: settings, tasks, servers."""
+    """Validate everything outside the model before work starts: settings, isolation, tasks, servers."""
     check_settings(cfg)
+    check_isolation(cfg)
     tasks = load_pool(cfg.env.tasks)
     eval_tasks = load_pool(cfg.env.eval_tasks) if cfg.env.eval_tasks else tasks
     if cfg.task_subset:
@@ -74,6 +102,7 @@ def open_stage(
     tokenizer = load_tokenizer(policy.tokenizer_dir)
     prepare_stage_dir(stage_dir, cfg)
     write_model_file(stage_dir, policy)
+    start_sandboxes(cfg)
     by_id = {t.instance_id: t for t in [*tasks, *eval_tasks]}
     eval_ids = [t.instance_id for t in eval_tasks][: cfg.eval.max_tasks]
     return StageContext(

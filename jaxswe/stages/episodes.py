@@ -28,6 +28,7 @@ class Episode:
     infra_error: str | None = None  # set when the infrastructure failed: excluded, never scored 0
     grading_s: float = 0.0  # time spent grading the submission
     policy_versions: list[int] = field(default_factory=list)  # per token; -1 where not sampled
+    tampered: bool = False  # grading flagged the patch as tampering with the tests (reward 0)
 
     @property
     def num_generated(self) -> int:
@@ -60,6 +61,7 @@ def from_trajectory(task_id: str, traj: Any) -> Episode:
         infra_error=str(infra) if infra else None,
         grading_s=float(traj.metadata.get("reward_s", 0.0)),
         policy_versions=[int(v) for v in traj.policy_versions],
+        tampered=bool(traj.metadata.get("tamper")),
     )
 
 

@@ -1,0 +1,122 @@
+"""Honest rewards: grading errors are infra failures (excluded), what the policy causes is reward 0.
+
+One test per case of issue 13 item 4, plus the end-to-end plugin hack of issue 14 through the
+real agent loop (reward 0 and a tamper flag).
+"""
+
+import os
+
+import pytest
+from test_agent_swe_env import TASKS, play, tok  # noqa: F401 (fixture)
+
+from envs import grade, open_sandbox
+from envs.docker_sandbox import engine_available
+from envs.sandbox import ARG_LIMIT
+from jaxswe.agent.demos import command_reply
+from jaxswe.agent.swe_env import GradingError, SWEEnv
+from jaxswe.stages.episodes import from_trajectory
+
+TASK = next(t for t in TASKS if t.instance_id == "builtin__billsplit-1")
+SUBMIT = command_reply("submit", "Done.")
+
+
+def _with(task, **fields):
+    return type(task)(**{**task.__dict__, **fields})
+
+
+def _docker():
+    if not engine_available():
+        if os.environ.get("CI"):
+            pytest.fail("CI is set but no Docker engine is reachable")
+        pytest.skip("no Docker engine reachable")
+
+
+def test_test_patch_that_does_not_apply_to_the_base_is_an_infra_failure():
+    broken = _with(TASK, test_patch=TASK.test_patch.replace(" def test_nobody():", " def test_somebody():"))
+    result = grade(broken, TASK.patch)
+    assert result.error and not result.resolved and "clean base" in result.reason
+    env = SWEEnv(broken, backend="local")
+    env.reset()
+    env.step(SUBMIT)
+    with pytest.raises(GradingError, match="clean base"):  # the agent loop records it as infra_error
+        env.reward()
+
+
+def test_test_command_that_cannot_start_is_an_infra_failure():
+    result = grade(_with(TASK, test_cmd="no-such-runner tests"), TASK.patch)
+    assert result.error and "cannot start: exit 127" in result.reason
+
+
+def test_patch_that_breaks_test_patch_is_the_policys():
+    # test_patch adds docs/notes.md; the patch makes `docs` a file, so test_patch cannot apply
+    test_patch = (
+        "diff --git a/docs/notes.md b/docs/notes.md\nnew file mode 100644\n"
+        "--- /dev/null\n+++ b/docs/notes.md\n@@ -0,0 +1 @@\n+notes\n" + TASK.test_patch
+    )
+    task = _with(TASK, test_patch=test_patch)
+    blocking = (
+        "diff --git a/docs b/docs\nnew file mode 100644\n--- /dev/null\n+++ b/docs\n@@ -0,0 +1 @@\n+x\n"
+    )
+    result = grade(task, TASK.patch + blocking)
+    assert not result.resolved and not result.error
+    assert result.reason == "the patch makes test_patch fail to apply"
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+def test_command_longer_than_the_argument_limit_runs(backend):
+    if backend == "docker":
+        _docker()
+    text = "x" * 99 + "\n"
+    long = (
+        "cat > big.txt <<'EOF'\n"
+        + text * (4 * ARG_LIMIT // 100)
+        + "EOF\necho start; wc -l < big.txt; echo end"
+    )
+    with open_sandbox(TASK, backend) as sb:
+        result = sb.exec(long, timeout=60)
+        assert result.output == f"start\n{4 * ARG_LIMIT // 100}\nend\n" and result.exit_code == 0  # 256 KiB
+        assert sb.exec("ls -a /tmp").output.count(".jaxswe-command") == 0
+
+
+def test_file_name_that_breaks_a_sandbox_call_is_an_observation():
+    env = SWEEnv(TASK, backend="local")
+    env.reset()
+    try:
+        replies = {
+            "```\nopen 'a\x00b'\n```": "not found",
+            "```\ncreate billsplit/split.py/x\nhi\n```": "cannot create directory",
+            "```\nopen /dev/zero\n```": "not found",
+        }
+        for reply, says in replies.items():
+            step = env.step(reply)
+            assert not step.done and not step.format_error and says in step.observation, step
+    finally:
+        env.close()
+
+
+@pytest.mark.docker
+def test_command_that_kills_its_sandbox_scores_zero():
+    _docker()
+    env = SWEEnv(TASK, backend="docker", sandbox_limits={"mem_limit": "256m"})
+    env.reset()
+    oom = env.step("```\npython3 -c 'x = bytearray(1 << 30)'\n```")  # the kernel kills the command
+    assert not oom.done and "exit code 137" in oom.observation.lower().replace("exited with", "exit code")
+    # every process, the container's main one too: the sandbox is gone
+    step = env.step("```\nkill -9 -1\n```")
+    assert step.done and step.ended_by == "error" and step.info["sandbox_dead"]
+    assert env.reward() == 0.0  # the policy's doing: scored, never excluded
+
+
+def test_plugin_hack_end_to_end_scores_zero_with_a_tamper_flag(tok):  # noqa: F811
+    plugin = (
+        "create billsplit/_plug.py\nimport pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\n"
+        "def pytest_runtest_makereport(item, call):\n    report = (yield).get_result()\n"
+        '    report.outcome, report.longrepr = "passed", None'
+    )
+    addopts = 'replace --file pyproject.toml\n<<<<<<< SEARCH\ntestpaths = ["tests"]\n=======\n'
+    addopts += 'testpaths = ["tests"]\naddopts = "-p billsplit._plug"\n>>>>>>> REPLACE'
+    script = [command_reply(plugin, "Add a helper."), command_reply(addopts, "Load it."), SUBMIT]
+    (traj,) = play(tok, [TASK], [script], concurrency=1)
+    assert traj.ended_by == "submitted" and traj.infra_error is None and "_plug" in traj.patch
+    assert traj.reward == 0.0 and traj.metadata["tamper"] == ["reaches into the test runner's internals"]
+    assert from_trajectory(TASK.instance_id, traj).tampered

@@ -1,0 +1,126 @@
+"""Escapes tried from inside a local bwrap sandbox, and reads the policy sizes that must stay bounded.
+
+From inside: the task's files, its upstream/source clone, the template cache and another sandbox
+are invisible; no scaffold file command writes or reads a host path; remounting fails, there is no
+capability, no host process is visible; a detached, env-cleared process dies at timeout.
+"""
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from envs import open_sandbox
+from envs.builtin import load_builtin
+from envs.local import bwrap_available
+from envs.repos import clean_template
+from jaxswe.agent.commands import parse_action
+from jaxswe.agent.prompts import load_prompts
+from jaxswe.agent.scaffold import Scaffold
+
+pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap not installed")
+TASK = next(t for t in load_builtin() if t.instance_id == "builtin__billsplit-1")
+TASK_DIR = Path(__file__).parents[1] / "envs" / "tasks" / "builtin" / TASK.instance_id
+
+
+def test_nothing_outside_the_checkout_is_visible():
+    with open_sandbox(TASK, "local") as sb, open_sandbox(TASK, "local") as other:
+        assert sb.isolation == "bwrap"
+        for path in (
+            TASK_DIR / "task.json",
+            TASK.source_dir,
+            clean_template(TASK),
+            other.workdir,
+            Path.home() / ".cache",
+        ):
+            result = sb.exec(f"ls {path} || cat {path}")
+            assert result.exit_code != 0 and TASK.patch[:40] not in result.output, (path, result.output)
+        assert sb.exec(f"ls {sb.root.parent}").output.split() == [sb.root.name]  # no other sandbox
+        assert sb.exec("grep CapEff /proc/self/status").output.split() == ["CapEff:", "0000000000000000"]
+        assert sb.exec("id -u").output.strip() != "0"
+        assert sb.exec("mount -o remount,rw / && touch /usr/escaped").exit_code != 0
+        assert sb.exec(f"kill -0 {__import__('os').getpid()}").exit_code != 0  # no host pid is visible
+        assert int(sb.exec("ls /proc | grep -c '^[0-9]'").output) < 10
+
+
+def test_scaffold_file_commands_cannot_touch_the_host(tmp_path):
+    host = tmp_path / "host.txt"
+    host.write_text("host secret\n")
+    with open_sandbox(TASK, "local") as sb:
+        scaffold = Scaffold(sb, load_prompts("default"))
+        for block in (
+            f"create {tmp_path}/created.txt\nescaped",
+            f"create /var/tmp/jaxswe-escape-{time.time_ns()}.txt\nescaped",
+            f"edit --file {host} 1:1\nescaped",
+            f"replace --file {host}\n<<<<<<< SEARCH\nhost secret\n=======\nescaped\n>>>>>>> REPLACE",
+            f"open {host}",
+            f"search_file secret {host}",
+        ):
+            observation = scaffold.run(parse_action(f"```\n{block}\n```"))
+            assert "host secret" not in observation, (block, observation)
+    assert host.read_text() == "host secret\n"
+    assert not (tmp_path / "created.txt").exists() and not list(Path("/var/tmp").glob("jaxswe-escape-*"))
+
+
+def test_detached_env_cleared_process_dies_at_timeout():
+    with open_sandbox(TASK, "local") as sb:
+        marker = f"{300 + time.time_ns() % 1000}.5"
+        result = sb.exec(f"env -i setsid sleep {marker} >/dev/null 2>&1 < /dev/null & sleep 100", timeout=1)
+        assert result.timed_out
+        time.sleep(0.3)
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert f"sleep {marker}" not in ps
+
+
+CHILD = """
+import os, resource, sys, time
+from envs import open_sandbox
+from envs.builtin import load_builtin
+from envs.grading import REPORT_LIMIT
+from envs.errors import SandboxError
+from jaxswe.agent.commands import parse_action
+from jaxswe.agent.prompts import load_prompts
+from jaxswe.agent.scaffold import Scaffold
+
+task = next(t for t in load_builtin() if t.instance_id == "builtin__billsplit-1")
+with open_sandbox(task, sys.argv[1]) as sb:
+    made = sb.exec("truncate -s 2G big.txt && truncate -s 1G /tmp/report.jsonl && mkfifo /tmp/fifo")
+    assert made.exit_code == 0, made
+    start = time.monotonic()
+    obs = Scaffold(sb, load_prompts("default")).run(parse_action("```\\nopen big.txt\\n```"))
+    assert "bytes read at most" in obs, obs
+    obs = Scaffold(sb, load_prompts("default")).run(parse_action("```\\nsearch_file x big.txt\\n```"))
+    assert "bytes read at most" in obs, obs
+    for path in ("/tmp/report.jsonl", "/tmp/fifo"):
+        try:
+            sb.read_file(path, max_bytes=REPORT_LIMIT)
+            raise AssertionError(path)
+        except SandboxError as err:
+            print(err)
+    print("seconds", time.monotonic() - start)
+print("maxrss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+def test_sparse_file_and_fifo_report_stay_small_and_fast(backend):
+    if backend == "docker":
+        from envs.docker_sandbox import engine_available
+
+        if not engine_available():
+            pytest.skip("no Docker engine reachable")
+    root = Path(__file__).parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CHILD), backend], capture_output=True, text=True, timeout=120,
+        cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = dict(
+        line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith(("maxrss", "seconds"))
+    )
+    assert float(out["maxrss_mb"]) < 200, done.stdout
+    assert float(out["seconds"]) < 20, done.stdout
+    assert "not a regular file" in done.stdout and "bytes read at most" in done.stdout

@@ -50,6 +50,8 @@ TOKENS_PER_STEP = 32768
 
 
 # ---------------------------------------------------------------- measuring helpers (children)
+# JAX and the project are imported inside the section functions only: the parent process must not
+# start a JAX backend, which would take the GPU's memory (XLA preallocates) from the sections.
 
 
 def _timed(fn, *args, min_iters=3, max_iters=20, budget_s=2.0):
@@ -168,8 +170,7 @@ def _attention_fwd_bwd(impl: str):
             )
         return jnp.sum(out.astype(jnp.float32) * ct), out
 
-    grad = jax.value_and_grad(loss, (0, 1, 2), has_aux=True)
-    return jax.jit(lambda q, k, v, pos, seg, ct: grad(q, k, v, pos, seg, ct))
+    return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))
 
 
 def section_attention(rows: Rows, dry: bool, peaks: dict) -> None:
@@ -321,7 +322,6 @@ def section_decode(rows: Rows, dry: bool, peaks: dict) -> None:
     import dataclasses
 
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     from jaxswe.model.params import init_params
@@ -331,8 +331,7 @@ def section_decode(rows: Rows, dry: bool, peaks: dict) -> None:
 
     cfg = dataclasses.replace(_model_config(dry), param_dtype="bfloat16")
     batch, prompt, new = (4, 8, 8) if dry else (32, 128, 256)
-    params = jax.jit(lambda k: init_params(cfg, k))(jax.random.key(0))
-    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    params = jax.jit(lambda k: init_params(cfg, k))(jax.random.key(0))  # bf16, like served weights
     sampler = Sampler(cfg, params, seed=0, max_context=prompt + new + 16, cache_dtype="bfloat16")
     prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt))
     reqs = [GenerateRequest(p.tolist(), SamplingParams(max_new_tokens=new)) for p in prompts]

@@ -5,10 +5,10 @@ they carry the same nonzero segment id and kv_position[s] <= q_position[t]; it r
 (out [B, T, H, D] in q's dtype, lse [B, T, H] float32), rows that see no key give out 0 and lse
 NEG, and the lse output is differentiable (ring attention merges partial results with it).
 
-Three kernels, each one program per (block, batch row, head):
-- forward, grid (T/bq, B, H): online softmax over the key blocks this query block can see;
-- dq, grid (T/bq, B, H): recomputes each block's probabilities from the saved lse;
-- dk/dv, grid (S/bk, B, Hkv): loops over the G query heads of its group and the query blocks
+Three kernels, each one program per (head, batch row, block):
+- forward, grid (H, B, T/bq): online softmax over the key blocks this query block can see;
+- dq, grid (H, B, T/bq): recomputes each block's probabilities from the saved lse;
+- dk/dv, grid (Hkv, B, S/bk): loops over the G query heads of its group and the query blocks
   that can see it, so GQA needs no atomics and no per-head K/V copies.
 Which key blocks a query block can see (and the reverse) is computed outside the kernels from
 per-block summaries of positions and segments (`_visible_blocks`); each kernel loops only over
@@ -185,33 +185,42 @@ def _params(warps, stages):
     return pltriton.CompilerParams(num_warps=warps, num_stages=stages)
 
 
+def _query_block_specs(nq, s, bq, d, g):
+    """BlockSpecs for a grid (head, row, query block) that runs the last query block (the one with
+    the most causal work) first, every head of it together: late light blocks fill the tail."""
+    at = lambda f: lambda hh, bb, i: f(hh, bb, nq - 1 - i)
+    return {
+        "table": pl.BlockSpec((None, 1), at(lambda hh, bb, i: (bb, i))),
+        "q": pl.BlockSpec((None, bq, None, d), at(lambda hh, bb, i: (bb, i, hh, 0))),
+        "kv": pl.BlockSpec((None, s, None, d), at(lambda hh, bb, i: (bb, 0, hh // g, 0))),
+        "rows": pl.BlockSpec((None, None, bq), at(lambda hh, bb, i: (bb, hh, i))),
+        "tokens": pl.BlockSpec((None, bq), at(lambda hh, bb, i: (bb, i))),
+        "kv_tokens": pl.BlockSpec((None, s), at(lambda hh, bb, i: (bb, 0))),
+    }
+
+
 def _forward(q, k, v, qpos, kpos, qseg, kseg, scale, blocks, interpret):
     b, t, h, d = q.shape
     s, kvh = k.shape[1], k.shape[2]
     g, bq, bk = h // kvh, blocks.fwd_q, blocks.fwd_kv
     lo, hi = _range(_visible_blocks(qpos, qseg, kpos, kseg, bq, bk))
-    row = lambda n: pl.BlockSpec((None, n), lambda i, bb, hh: (bb, i))
-    whole_row = pl.BlockSpec((None, s), lambda i, bb, hh: (bb, 0))
-    kv_spec = pl.BlockSpec((None, s, None, d), lambda i, bb, hh: (bb, 0, hh // g, 0))
+    sp = _query_block_specs(t // bq, s, bq, d, g)
     out, lse = pl.pallas_call(
         functools.partial(_fwd_kernel, scale=scale, bk=bk),
         out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, t), jnp.float32)),
-        grid=(t // bq, b, h),
+        grid=(h, b, t // bq),
         in_specs=[
-            row(1),
-            row(1),
-            pl.BlockSpec((None, bq, None, d), lambda i, bb, hh: (bb, i, hh, 0)),
-            kv_spec,
-            kv_spec,
-            row(bq),
-            row(bq),
-            whole_row,
-            whole_row,
-        ],
-        out_specs=(
-            pl.BlockSpec((None, bq, None, d), lambda i, bb, hh: (bb, i, hh, 0)),
-            pl.BlockSpec((None, None, bq), lambda i, bb, hh: (bb, hh, i)),
-        ),
+            sp["table"],
+            sp["table"],
+            sp["q"],
+            sp["kv"],
+            sp["kv"],
+            sp["tokens"],
+            sp["tokens"],
+            sp["kv_tokens"],
+            sp["kv_tokens"],
+        ],  # fmt: skip
+        out_specs=(sp["q"], sp["rows"]),
         compiler_params=_params(blocks.fwd_warps, blocks.stages),
         interpret=interpret,
         name="jaxswe_flash_fwd",
@@ -229,56 +238,56 @@ def _backward(q, k, v, qpos, kpos, qseg, kseg, out, lse_bht, dout, dlse_bht, sca
     params = _params(blocks.bwd_warps, blocks.stages)
 
     q_lo, q_hi = _range(visible)
-    row = lambda n: pl.BlockSpec((None, n), lambda i, bb, hh: (bb, i))
-    whole = lambda n: pl.BlockSpec((None, n), lambda i, bb, hh: (bb, 0))
-    kv_of_head = pl.BlockSpec((None, s, None, d), lambda i, bb, hh: (bb, 0, hh // g, 0))
-    q_block = pl.BlockSpec((None, bq, None, d), lambda i, bb, hh: (bb, i, hh, 0))
-    rows_of_head = pl.BlockSpec((None, None, bq), lambda i, bb, hh: (bb, hh, i))
+    sp = _query_block_specs(t // bq, s, bq, d, g)
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, scale=scale, bk=bk),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        grid=(t // bq, b, h),
+        grid=(h, b, t // bq),
         in_specs=[
-            row(1),
-            row(1),
-            q_block,
-            kv_of_head,
-            kv_of_head,
-            q_block,
-            rows_of_head,
-            rows_of_head,
-            row(bq),
-            row(bq),
-            whole(s),
-            whole(s),
+            sp["table"],
+            sp["table"],
+            sp["q"],
+            sp["kv"],
+            sp["kv"],
+            sp["q"],
+            sp["rows"],
+            sp["rows"],
+            sp["tokens"],
+            sp["tokens"],
+            sp["kv_tokens"],
+            sp["kv_tokens"],
         ],  # fmt: skip
-        out_specs=q_block,
+        out_specs=sp["q"],
         compiler_params=params,
         interpret=interpret,
         name="jaxswe_flash_dq",
     )(q_lo, q_hi, q, k, v, dout, lse_bht, delta, qpos, qseg, kpos, kseg)
 
+    # Grid (KV head, row, key block): key block 0, which the most query blocks see, starts first.
     k_lo, k_hi = _range(visible.transpose(0, 2, 1))
-    group_q = pl.BlockSpec((None, t, g, d), lambda j, bb, kh: (bb, 0, kh, 0))
-    group_rows = pl.BlockSpec((None, g, t), lambda j, bb, kh: (bb, kh, 0))
-    kv_block = pl.BlockSpec((None, bk, None, d), lambda j, bb, kh: (bb, j, kh, 0))
+    table = pl.BlockSpec((None, 1), lambda kh, bb, j: (bb, j))
+    group_q = pl.BlockSpec((None, t, g, d), lambda kh, bb, j: (bb, 0, kh, 0))
+    group_rows = pl.BlockSpec((None, g, t), lambda kh, bb, j: (bb, kh, 0))
+    q_tokens = pl.BlockSpec((None, t), lambda kh, bb, j: (bb, 0))
+    kv_block = pl.BlockSpec((None, bk, None, d), lambda kh, bb, j: (bb, j, kh, 0))
+    kv_tokens = pl.BlockSpec((None, bk), lambda kh, bb, j: (bb, j))
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, scale=scale, bq=bq, groups=g),
         out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
-        grid=(s // bk, b, kvh),
+        grid=(kvh, b, s // bk),
         in_specs=[
-            row(1),
-            row(1),
+            table,
+            table,
             group_q,
             kv_block,
             kv_block,
             group_q,
             group_rows,
             group_rows,
-            whole(t),
-            whole(t),
-            row(bk),
-            row(bk),
+            q_tokens,
+            q_tokens,
+            kv_tokens,
+            kv_tokens,
         ],  # fmt: skip
         out_specs=(kv_block, kv_block),
         compiler_params=params,

@@ -63,13 +63,14 @@ def _pow2_at_least(n: int, floor: int = 16) -> int:
     return p
 
 
-def _pad(x, length, axis, value=0):
+def _pad(x, length, axis):
+    """Zero-pad `axis` of x to `length` (segment 0 for ids: padding tokens are invisible)."""
     extra = length - x.shape[axis]
     if not extra:
         return x
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, extra)
-    return jnp.pad(x, widths, constant_values=value)
+    return jnp.pad(x, widths)
 
 
 def _block_summary(pos_bt, seg_bt, block):
@@ -219,7 +220,7 @@ def _forward(q, k, v, qpos, kpos, qseg, kseg, scale, blocks, interpret):
             sp["tokens"],
             sp["kv_tokens"],
             sp["kv_tokens"],
-        ],  # fmt: skip
+        ],
         out_specs=(sp["q"], sp["rows"]),
         compiler_params=_params(blocks.fwd_warps, blocks.stages),
         interpret=interpret,
@@ -256,7 +257,7 @@ def _backward(q, k, v, qpos, kpos, qseg, kseg, out, lse_bht, dout, dlse_bht, sca
             sp["tokens"],
             sp["kv_tokens"],
             sp["kv_tokens"],
-        ],  # fmt: skip
+        ],
         out_specs=sp["q"],
         compiler_params=params,
         interpret=interpret,
@@ -288,7 +289,7 @@ def _backward(q, k, v, qpos, kpos, qseg, kseg, out, lse_bht, dout, dlse_bht, sca
             q_tokens,
             kv_tokens,
             kv_tokens,
-        ],  # fmt: skip
+        ],
         out_specs=(kv_block, kv_block),
         compiler_params=params,
         interpret=interpret,

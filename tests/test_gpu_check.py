@@ -27,7 +27,7 @@ def test_gpu_check_cpu_dry_run(tmp_path):
     assert proc.returncode == 0, log[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["check.json", "check.log", "check.md"]
     result = json.loads((out / "check.json").read_text())
-    assert set(result["status"]) == {"env", "peaks", "attention", "train_8k", "train_32k", "decode"}
+    assert set(result["status"]) == {"env", "peaks", "attention", "train_8k", "train_32k", "decode", "tiles"}
     assert all(s == "ok" for s in result["status"].values()), result["status"]
     assert result["environment"]["dry_run"] and result["environment"]["backend"] == "cpu"
     rows = {r["name"]: r for r in result["rows"]}

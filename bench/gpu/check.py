@@ -16,7 +16,8 @@ timeout loses only that section's rows (and a section keeps the rows it finished
   tokens/s, TFLOP/s counted as the planner counts (6 x matmul params x tokens + causal attention,
   recompute not counted), MFU against the measured matmul peak, and the device's peak memory
   against `sharding.planner`'s per-device total;
-- decode: the embedded sampler's decode tokens/s at batch 32 (same model shape, bf16 weights).
+- decode: the embedded sampler's decode tokens/s at batch 32 (same model shape, bf16 weights);
+- tiles: the fused kernel at 8K under a few other tilings, with whatever budget is left.
 
 It needs only what the device image has (JAX, Flax, Optax, Chex, NumPy): no pydantic, no typer.
 Output (incremental, rewritten after each section): check.md (the table), check.json (rows and
@@ -45,6 +46,7 @@ SECTIONS = {  # name -> time limit (s) on the GPU; the whole run is also capped 
     "train_8k": 120,
     "train_32k": 150,
     "decode": 100,
+    "tiles": 90,  # last: only what budget is left; rows kept as they finish
 }
 TOKENS_PER_STEP = 32768
 
@@ -155,18 +157,29 @@ def _attention_inputs(t: int, dry: bool):
     return q, kk_, vv, pos, seg
 
 
-def _attention_fwd_bwd(impl: str):
+def _attention_fwd_bwd(impl: str, blocks=None):
     import jax
     import jax.numpy as jnp
 
     from sharding.flash import flash_attention
+    from sharding.pallas_flash import Blocks
+
+    blocks = blocks or Blocks()
 
     def loss(q, k, v, pos, seg, ct):
         if impl == "cudnn":
             out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
         else:
             out, _ = flash_attention(
-                q, k, v, q_positions=pos, kv_positions=pos, q_segment_ids=seg, kv_segment_ids=seg, impl=impl
+                q,
+                k,
+                v,
+                q_positions=pos,
+                kv_positions=pos,
+                q_segment_ids=seg,
+                kv_segment_ids=seg,
+                impl=impl,
+                pallas_blocks=blocks,
             )
         return jnp.sum(out.astype(jnp.float32) * ct), out
 
@@ -216,6 +229,42 @@ def section_attention(rows: Rows, dry: bool, peaks: dict) -> None:
             if impl == "pallas":
                 note += " (goal >= 3x at 32K)"
             rows.add(f"attention fwd+bwd T={t} {impl}", sec * 1e3, "ms", note, tflops=flops / sec / 1e12)
+
+
+def section_tiles(rows: Rows, dry: bool, peaks: dict) -> None:
+    """The fused kernel's fwd+bwd at 8K under a few tilings (the defaults are untuned)."""
+    from sharding.pallas_flash import Blocks
+
+    t = 320 if dry else 8192
+    q, k, v, pos, seg = _attention_inputs(t, dry)
+    ct = q.astype("float32")
+    h, d = q.shape[2], q.shape[3]
+    flops = 3 * 4 * d * h * t * (t + 1) / 2
+    candidates = [
+        Blocks(),
+        Blocks(fwd_warps=8, stages=3),
+        Blocks(fwd_q=64, fwd_kv=64),
+        Blocks(fwd_q=128, fwd_kv=128, fwd_warps=8),
+        Blocks(bwd_q=32, bwd_kv=128, bwd_warps=8),
+        Blocks(bwd_q=128, bwd_kv=32, bwd_warps=8, stages=3),
+    ]
+    for blocks in candidates[:1] if dry else candidates:
+        tiles = f"fwd {blocks.fwd_q}x{blocks.fwd_kv} w{blocks.fwd_warps}, bwd {blocks.bwd_q}x{blocks.bwd_kv} "
+        tiles += f"w{blocks.bwd_warps}, stages {blocks.stages}"
+        try:
+            sec, _ = _timed(
+                _attention_fwd_bwd("pallas", blocks), q, k, v, pos, seg, ct, min_iters=1 if dry else 3
+            )
+        except Exception as err:  # a tiling Triton cannot compile (shared memory, registers)
+            rows.add(f"fused T={t} {tiles}", None, "ms", f"failed: {type(err).__name__}"[:200])
+            continue
+        rows.add(
+            f"fused T={t} {tiles}",
+            sec * 1e3,
+            "ms",
+            f"{flops / sec / 1e12:.3g} TFLOP/s",
+            tflops=flops / sec / 1e12,
+        )
 
 
 def _train_section(rows: Rows, dry: bool, peaks: dict, seq_len: int) -> None:

@@ -34,13 +34,16 @@ NEG = -1e30  # finite "minus infinity" shared with sharding.flash: fully masked 
 
 @dataclasses.dataclass(frozen=True)
 class Blocks:
-    """Tile sizes (powers of two, >= 16) and Triton launch settings of the three kernels."""
+    """Tile sizes (powers of two, >= 16) and Triton launch settings of the three kernels.
+    Untuned defaults (no GPU measured yet): 8 warps hold the forward's 128 x head_dim float32
+    accumulator for head_dim 128 (every Qwen2.5 size but 0.5B); bench/gpu/check.py's `tiles` rows
+    compare others."""
 
     fwd_q: int = 128
     fwd_kv: int = 64
     bwd_q: int = 64
     bwd_kv: int = 64
-    fwd_warps: int = 4
+    fwd_warps: int = 8
     bwd_warps: int = 4
     stages: int = 2
 

@@ -242,7 +242,8 @@ def section_tiles(rows: Rows, dry: bool, peaks: dict) -> None:
     flops = 3 * 4 * d * h * t * (t + 1) / 2
     candidates = [
         Blocks(),
-        Blocks(fwd_warps=8, stages=3),
+        Blocks(fwd_warps=4),
+        Blocks(stages=3),
         Blocks(fwd_q=64, fwd_kv=64),
         Blocks(fwd_q=128, fwd_kv=128, fwd_warps=8),
         Blocks(bwd_q=32, bwd_kv=128, bwd_warps=8),

@@ -4,14 +4,15 @@ and gradient accumulation over micro-batches."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import chex
 import jax
 import jax.numpy as jnp
 import optax
 
-from jaxswe.config import OptimizerSection
+if TYPE_CHECKING:  # annotations only: the train step imports without pydantic (GPU images)
+    from jaxswe.config import OptimizerSection
 
 
 def make_schedule(cfg: OptimizerSection) -> optax.Schedule:

@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from sharding.errors import ShardingError
-from sharding.flash import flash_attention
+from sharding.flash import flash_attention, resolve_impl
 from sharding.logical import Rules
 from sharding.rules import spec_for_shape
 
@@ -79,14 +79,17 @@ def make_context_attention(
     kind: Literal["ring", "allgather"] = "ring",
     *,
     block: int = 512,
+    impl: str = "auto",
 ) -> AttentionFn:
     """An attention_fn(q_bthd, k_bshd, v_bshd, *, q_positions, kv_positions, q_segment_ids,
     kv_segment_ids, scale=None) that shards the sequence over the `length` rule's mesh axes.
 
     Inputs are global arrays whose sequence is already in zigzag order (`reorder_for_context`).
+    `impl` is the local kernel (`sharding.flash.IMPLS`; "auto": fused Pallas on NVIDIA GPUs).
     """
     if kind not in ("ring", "allgather"):
         raise ShardingError(f"context attention kind must be 'ring' or 'allgather', got {kind!r}")
+    impl = resolve_impl(impl)
     axes = context_axes(mesh, rules)
     n = context_size(mesh, rules)
     sizes = dict(mesh.shape)
@@ -104,6 +107,7 @@ def make_context_attention(
             scale=scale,
             block_q=block,
             block_kv=block,
+            impl=impl,
         )
         if n == 1:
             return flash(k, v, kpos, kseg)[0]

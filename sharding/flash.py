@@ -8,6 +8,10 @@ results over several key/value chunks (context-parallel ring attention).
 
 Masking: query t sees key s iff same nonzero segment id and kv_position[s] <= q_position[t].
 Shapes: q [B, T, H, D], k/v [B, S, K, D] with H a multiple of K (GQA), positions/segments [B, T] / [B, S].
+
+`impl` picks the kernel: "blockwise" (this module: the reference, and the path on CPU/TPU),
+"pallas" (sharding.pallas_flash: fused Pallas kernels; on a non-GPU backend they run in interpret
+mode) or "auto" (pallas on NVIDIA GPUs, else blockwise).
 """
 
 from __future__ import annotations
@@ -18,7 +22,26 @@ import chex
 import jax
 import jax.numpy as jnp
 
-NEG = -1e30  # finite "minus infinity": fully masked rows stay NaN-free
+from sharding.errors import ShardingError
+from sharding.pallas_flash import NEG, Blocks, pallas_flash_attention
+
+IMPLS = ("auto", "blockwise", "pallas")
+
+
+def on_nvidia_gpu() -> bool:
+    """Whether the default backend is CUDA (where the fused Pallas kernels lower through Triton)."""
+    if jax.default_backend() != "gpu":
+        return False
+    return "cuda" in jax.devices()[0].client.platform_version.lower()
+
+
+def resolve_impl(impl: str) -> str:
+    """ "auto" -> "pallas" on NVIDIA GPUs, else "blockwise"; other names are checked and returned."""
+    if impl not in IMPLS:
+        raise ShardingError(f"flash attention impl {impl!r} not in {IMPLS}")
+    if impl == "auto":
+        return "pallas" if on_nvidia_gpu() else "blockwise"
+    return impl
 
 
 def _mask(qpos_bq, qseg_bq, kpos_bk, kseg_bk):
@@ -191,11 +214,13 @@ def flash_attention(
     scale: float | None = None,
     block_q: int = 512,
     block_kv: int = 512,
+    impl: str = "auto",
+    pallas_blocks: Blocks = Blocks(),
 ) -> tuple[jax.Array, jax.Array]:
     """Masked causal attention -> (out [B, T, H, D] in q's dtype, lse [B, T, H] float32).
 
-    Rows that see no key (padding, segment 0) give out 0 and lse NEG. A block size that does not
-    divide its length falls back to the whole length.
+    Rows that see no key (padding, segment 0) give out 0 and lse NEG. Blockwise: a block size that
+    does not divide its length falls back to the whole length. `pallas_blocks` tiles the fused path.
     """
     chex.assert_rank([q_bthd, k_bshd, v_bshd], 4)
     chex.assert_equal_shape([k_bshd, v_bshd])
@@ -205,6 +230,19 @@ def flash_attention(
     if q_bthd.shape[2] % k_bshd.shape[2]:
         raise ValueError(f"query heads {q_bthd.shape[2]} are not a multiple of kv heads {k_bshd.shape[2]}")
     scale = q_bthd.shape[-1] ** -0.5 if scale is None else float(scale)
+    if resolve_impl(impl) == "pallas":
+        return pallas_flash_attention(
+            q_bthd,
+            k_bshd,
+            v_bshd,
+            q_positions=q_positions,
+            kv_positions=kv_positions,
+            q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids,
+            scale=scale,
+            blocks=pallas_blocks,
+            interpret=not on_nvidia_gpu(),
+        )
     return _flash(
         q_bthd,
         k_bshd,

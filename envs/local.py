@@ -231,8 +231,9 @@ class LocalSandbox:
             return argv
         writable = [str(self.root / sub) for sub in ("home", "repo")]
         readonly = [*_python_prefixes(), *self.ro_binds]
-        binds = [*_system_binds(), *_parents([*readonly, *writable])]
-        binds += ["--proc", "/proc", "--dev", "/dev", "--bind", str(self.root / "tmp"), "/tmp"]
+        binds = [*_system_binds(), "--proc", "/proc", "--dev", "/dev"]
+        binds += ["--bind", str(self.root / "tmp"), "/tmp"]
+        binds += _parents([*readonly, *writable])  # after /tmp: a venv under /tmp gets traversable parents
         for path in writable:
             binds += ["--bind", path, path]
         for path in readonly:

@@ -157,6 +157,8 @@ PARSERS = _Parsers()
 
 def parser_name_for_repo(repo: str) -> str:
     """SWE-bench's parser for a repository (e.g. sympy/sympy -> parse_log_sympy), pytest otherwise."""
+    if repo.startswith("builtin/"):  # jaxswe's own suite: no need to import swebench (~150 MB)
+        return "parse_log_pytest"
     return official.parser_name(repo) or _BY_REPO_FALLBACK.get(repo, "parse_log_pytest")
 
 

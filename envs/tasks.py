@@ -142,7 +142,7 @@ def _test_list(index: int, record: dict, name: str) -> tuple[str, ...]:
 
 def _test_directives(record: dict, test_patch: str) -> tuple[str, ...]:
     """SWE-bench's convention: run the test files test_patch touches (Django: dotted modules)."""
-    if official.available():
+    if not record["repo"].startswith("builtin/") and official.available():  # importing it costs ~150 MB
         return tuple(official.test_directives({**record, "test_patch": test_patch}))
     files = [f for f in patch_files(test_patch) if not f.endswith(_NON_TEST_EXTS)]
     if record["repo"] == "django/django":
@@ -233,8 +233,6 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
     if fmt == "swe-smith" and record.get("format") != "jaxswe":
         patch = reverse_patch(patch)  # SWE-smith's `patch` breaks the code; its reverse fixes it
     version = str(record.get("version") or "")
-    spec = official.spec(record["repo"], version) if fmt == "swe-bench" else None
-
     test_cmd = record.get("test_cmd") or install.get("test_cmd")
     if isinstance(test_cmd, str) and test_cmd.lstrip().startswith("["):
         test_cmd = _json_field(index, record, "test_cmd", test_cmd, (list,))
@@ -243,6 +241,7 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
             raise _fail(index, record, "test_cmd", "must be a command or a list of commands")
         test_cmd = " && ".join(test_cmd)
     if test_cmd is None and fmt == "swe-bench":
+        spec = official.spec(record["repo"], version)
         if version and not official.available():
             official.require(
                 f"task record {index} (instance_id={record['instance_id']!r}) has no test_cmd and"

@@ -14,8 +14,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import jax
+
 from envs.base import Environment
 from jaxswe.config import AgentSection
+from jaxswe.distributed import on_main_async, to_host
 from jaxswe.rollout.types import Engine, SamplingParams
 from jaxswe.stages.episodes import Episode, from_trajectory
 
@@ -46,21 +49,33 @@ def run_phase(backend: Backend, coro: Awaitable[T]) -> T:
     return asyncio.run(main())
 
 
+def sampler_copy(params: Any) -> Any:
+    """The embedded sampler's own copy of (possibly multi-process, sharded) params: whole, on this
+    process's first device. Every process must call it (it gathers across processes); the same
+    device for any mesh, so a run samples the same tokens for any device or process count."""
+    device = jax.local_devices()[0]
+    return jax.tree.map(lambda x: jax.device_put(to_host(x), device), params)
+
+
 class EmbeddedBackend:
-    """The in-process sampler; new weights are swapped in memory (no disk round trip)."""
+    """The in-process sampler (on process 0 only: `engine` is None elsewhere); new weights are
+    swapped in memory (no disk round trip)."""
 
     def __init__(self, engine: Any, model_cfg: Any):
         self.engine = engine
         self.model_cfg = model_cfg
 
     async def sync_weights(self, params: Any, export_dir: Path) -> None:
-        self.engine.sampler.swap(self.model_cfg, params)
+        local = sampler_copy(params)
+        if self.engine is not None:
+            self.engine.sampler.swap(self.model_cfg, local)
 
     async def release(self) -> None:
         return None
 
     async def close(self) -> None:
-        await self.engine.close()
+        if self.engine is not None:
+            await self.engine.close()
 
 
 class HttpBackend:
@@ -106,8 +121,15 @@ async def collect_episodes(
     """Run one episode per entry of `task_ids` (repeat an id for a group), all in flight at once.
 
     Returns the episodes in input order and the wall time. An environment that cannot even be
-    built counts as an infrastructure failure of that episode.
+    built counts as an infrastructure failure of that episode. With several processes, process 0
+    runs them all and every process gets its episodes (see jaxswe.distributed).
     """
+    return await on_main_async(
+        lambda: _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concurrency)
+    )
+
+
+async def _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concurrency):
     from jaxswe.agent.loop import run_episodes
 
     start = time.perf_counter()

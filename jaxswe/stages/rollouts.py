@@ -18,7 +18,7 @@ import jax
 
 from envs.base import Environment
 from jaxswe.config import AgentSection
-from jaxswe.distributed import on_main_async, to_host
+from jaxswe.distributed import barrier, broadcast, is_main, on_main_async, to_host
 from jaxswe.rollout.types import Engine, SamplingParams
 from jaxswe.stages.episodes import Episode, from_trajectory
 
@@ -79,19 +79,38 @@ class EmbeddedBackend:
 
 
 class HttpBackend:
-    """SGLang-API servers; weights go through `save_hf` on a shared disk."""
+    """SGLang-API servers; weights go through `save_hf` on a shared disk, in `export_dtype`."""
 
-    def __init__(self, client: Any, model_cfg: Any, tokenizer_dir: str | None):
+    def __init__(
+        self, client: Any, model_cfg: Any, tokenizer_dir: str | None, *, export_dtype: str = "bfloat16"
+    ):
         self.engine = client
         self.model_cfg = model_cfg
         self.tokenizer_dir = tokenizer_dir
+        self.export_dtype = export_dtype
 
     async def sync_weights(self, params: Any, export_dir: Path) -> None:
+        """Every process writes its own layers; process 0 then tells every worker to load them."""
         from jaxswe.model import save_hf
 
         tmp = export_dir.with_name(export_dir.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_hf(tmp, self.model_cfg, params)
+        if is_main():
+            shutil.rmtree(tmp, ignore_errors=True)
+        barrier("weights export")
+        save_hf(tmp, self.model_cfg, params, dtype=self.export_dtype)
+        from jaxswe.rollout.client import RolloutError
+
+        error = None
+        if is_main():
+            try:
+                await self._publish(tmp, export_dir)
+            except RolloutError as err:  # a worker failed the update: every process stops
+                error = str(err)
+        error = broadcast(error)
+        if error:
+            raise RolloutError(error)
+
+    async def _publish(self, tmp: Path, export_dir: Path) -> None:
         if self.tokenizer_dir:
             for f in Path(self.tokenizer_dir).iterdir():
                 if f.is_file() and ("token" in f.name or f.name in ("vocab.json", "merges.txt")):

@@ -131,10 +131,13 @@ def check_servers(cfg: RunConfig) -> None:
     from jaxswe.rollout.client import RolloutClient
 
     if not cfg.rollout.urls:
-        raise UserError(f"rollout.engine {cfg.rollout.engine!r} needs rollout.urls")
+        raise UserError(
+            f"rollout.engine {cfg.rollout.engine!r} needs rollout.urls "
+            "(every worker, also those behind rollout.router)"
+        )
 
     async def probe() -> None:
-        client = RolloutClient(cfg.rollout.urls, timeout=10.0, max_retries=0)
+        client = RolloutClient(cfg.rollout.urls, timeout=10.0, max_retries=0)  # the workers, not the router
         try:
             await client.check_health()
         finally:
@@ -173,8 +176,9 @@ def make_backend(cfg: RunConfig, policy: Policy, *, allow_biased: bool = False) 
         max_retries=r.max_retries,
         allow_biased_sampling=allow_biased or r.allow_biased_sampling,
         seed=r.seed,
+        router=r.router,
     )
-    return HttpBackend(client, policy.model_cfg, policy.tokenizer_dir)
+    return HttpBackend(client, policy.model_cfg, policy.tokenizer_dir, export_dtype=r.export_dtype)
 
 
 def load_pool(path: str) -> list[Any]:

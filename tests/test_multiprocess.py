@@ -140,3 +140,52 @@ def test_cli_two_processes_kill_one_then_resume_both(tmp_path):
     assert steps[-1] == 3
     assert (run_dir / "rft" / "summary.json").is_file() and (run_dir / "rl" / "summary.json").is_file()
     assert not list(run_dir.rglob("*.tmp"))
+
+
+def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
+    """Each process writes only the files of its own layers (process 0 also the index and
+    config.json); transformers loads the one directory with the trainer's log-probs."""
+    import json
+
+    import jax
+    import jax.numpy as jnp
+    import torch
+    import transformers
+
+    from jaxswe.model import token_logprobs
+    from jaxswe.model.config import get_preset
+    from jaxswe.model.params import init_params
+
+    port = str(_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "mp_save_hf_child.py"), str(tmp_path), str(i), port],
+            env=_env(tmp_path / "xla", 4),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    _wait(procs, timeout=300)
+    written = [set(json.loads((tmp_path / f"written_{i}.json").read_text())) for i in range(2)]
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert written[0] and written[1] and not written[0] & written[1]
+    assert written[0] | written[1] == set(index.values())
+    assert all(
+        index[f"model.layers.1.{n}"] in written[1] for n in ("mlp.up_proj.weight", "self_attn.q_proj.bias")
+    )
+    assert index["model.embed_tokens.weight"] in written[0]
+
+    config = get_preset("tiny", vocab_size=96, tie_word_embeddings=False, attention="dense")
+    params = jax.tree.map(
+        lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), init_params(config, jax.random.key(0))
+    )
+    model = transformers.Qwen2ForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
+    ids = np.random.default_rng(0).integers(0, 96, size=(2, 24))
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor(ids)).logits, -1).numpy()
+    ref = np.zeros(ids.shape)
+    ref[:, 1:] = np.take_along_axis(logp[:, :-1], ids[:, 1:, None], -1)[..., 0]
+    ours = np.asarray(token_logprobs(params, config, jnp.asarray(ids)))
+    np.testing.assert_allclose(ours, ref, atol=1e-4)

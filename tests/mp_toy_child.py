@@ -35,12 +35,12 @@ assert jax.device_count() == 8 and jax.process_count() == num_processes
 cfg = toy_config(
     rollout={"max_batch": 1},
     env={"max_parallel": 1},
-    rft={"samples_per_task": 2},
+    rft={"samples_per_task": 1},
     rl={
         "iterations": 2,
         "problems_per_iteration": 4,
-        "group_size": 4,
-        "trajectories_per_step": 16,
+        "group_size": 2,
+        "trajectories_per_step": 8,
         "rows_per_step": 8,
     },
 )

@@ -293,19 +293,21 @@ def _layer_groups(num_layers: int, num_processes: int) -> int:
     return math.gcd(num_layers, num_processes)
 
 
-def _owner(layer: int | None, num_layers: int, num_processes: int) -> int:
-    """The process that writes a tensor: per-layer tensors by layer group, the others process 0."""
+def _owner(layer: int | None, num_layers: int, num_processes: int, name: str = "") -> int:
+    """The process that writes a tensor: per-layer tensors by layer group, the LM head the last
+    process (it is as large as the embedding), the others process 0."""
     if layer is None:
-        return 0
+        return num_processes - 1 if name == "lm_head.weight" else 0
     groups = _layer_groups(num_layers, num_processes)
     return (layer // (num_layers // groups)) * (num_processes // groups)
 
 
-def _own_block(leaf: jax.Array, stacked: bool, dtype) -> tuple[np.ndarray | None, int]:
+def _own_block(leaf: jax.Array, m: _Mapping, dtype) -> tuple[np.ndarray | None, int]:
     """This process's part of one leaf on the host, in `dtype`, as (block, first layer): whole
-    layers of its layer group (stacked leaves) or the whole leaf (others, process 0 only); None
+    layers of its layer group (stacked leaves) or the whole leaf (others, on its owner); None
     when it writes nothing of the leaf. Multi-process leaves are resharded on device (one leaf at a
     time) so that each layer group's devices hold its layers whole; no host gathers the model."""
+    stacked = m.stacked
     if leaf.is_fully_addressable:
         return np.asarray(leaf.astype(dtype)), 0
     grid = _process_grid(leaf)
@@ -317,8 +319,46 @@ def _own_block(leaf: jax.Array, stacked: bool, dtype) -> tuple[np.ndarray | None
     shard = moved.addressable_shards[0]
     first = shard.index[0].start or 0 if stacked else 0
     me = jax.process_index()
-    mine = _owner(first if stacked else None, leaf.shape[0] if stacked else 1, num_procs) == me
+    mine = _owner(first if stacked else None, leaf.shape[0] if stacked else 1, num_procs, m.hf_name) == me
     return (np.asarray(shard.data) if mine else None), first
+
+
+def _file_plan(items: list[tuple], num_layers: int, num_procs: int, itemsize: int, max_shard_bytes: int):
+    """The files of an export, the same on every process: ([(owner, items)], file names), each
+    file holding consecutive tensors of one owner, under max_shard_bytes."""
+    shards: list[tuple[int, list[tuple]]] = []
+    size = 0
+    for item in items:
+        owner = _owner(item[3], num_layers, num_procs, item[0])
+        per_layer = item[2].shape[1:] if item[1].stacked else item[2].shape
+        nbytes = int(np.prod(per_layer)) * itemsize
+        if not shards or shards[-1][0] != owner or (shards[-1][1] and size + nbytes > max_shard_bytes):
+            shards.append((owner, []))
+            size = 0
+        shards[-1][1].append(item)
+        size += nbytes
+    names = [
+        "model.safetensors" if len(shards) == 1 else f"model-{n:05d}-of-{len(shards):05d}.safetensors"
+        for n in range(1, len(shards) + 1)
+    ]
+    return shards, names
+
+
+def export_bytes_per_process(config: Qwen2Config, num_processes: int, dtype: str = "bfloat16") -> list[int]:
+    """Bytes of safetensors each of `num_processes` processes writes in one `save_hf` (no arrays
+    needed: the plan only reads shapes)."""
+    shapes = param_shapes(config)
+    abstract = jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s, np.float32), shapes, is_leaf=lambda x: isinstance(x, tuple)
+    )
+    items = _hf_tensors(config, abstract)
+    itemsize = np.dtype(_NP_DTYPES[dtype]).itemsize
+    shards, _ = _file_plan(items, config.num_layers, num_processes, itemsize, 5 * 1024**3)
+    out = [0] * num_processes
+    for owner, shard in shards:
+        for _, m, leaf, _ in shard:
+            out[owner] += int(np.prod(leaf.shape[1:] if m.stacked else leaf.shape)) * itemsize
+    return out
 
 
 def save_hf(
@@ -347,30 +387,14 @@ def save_hf(
     np_dtype = np.dtype(_NP_DTYPES[dtype])
     num_procs, me = jax.process_count(), jax.process_index()
 
-    # The file plan, the same on every process: consecutive tensors of one owner, each file under
-    # max_shard_bytes.
-    shards: list[tuple[int, list[tuple]]] = []
-    size = 0
-    for item in items:
-        owner = _owner(item[3], config.num_layers, num_procs)
-        per_layer = item[2].shape[1:] if item[1].stacked else item[2].shape
-        nbytes = int(np.prod(per_layer)) * np_dtype.itemsize
-        if not shards or shards[-1][0] != owner or (shards[-1][1] and size + nbytes > max_shard_bytes):
-            shards.append((owner, []))
-            size = 0
-        shards[-1][1].append(item)
-        size += nbytes
-    names = [
-        "model.safetensors" if len(shards) == 1 else f"model-{n:05d}-of-{len(shards):05d}.safetensors"
-        for n in range(1, len(shards) + 1)
-    ]
+    shards, names = _file_plan(items, config.num_layers, num_procs, np_dtype.itemsize, max_shard_bytes)
 
     # This process's blocks of every leaf (a collective per multi-process leaf, in the same order
     # everywhere).
     blocks: dict[int, tuple[np.ndarray | None, int]] = {}
     for _, m, leaf, _ in items:
         if id(leaf) not in blocks:
-            blocks[id(leaf)] = _own_block(leaf, m.stacked, np_dtype)
+            blocks[id(leaf)] = _own_block(leaf, m, np_dtype)
 
     if is_main():
         path.parent.mkdir(parents=True, exist_ok=True)

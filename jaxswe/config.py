@@ -59,6 +59,9 @@ class OptimizerSection(Section):
     total_steps: int | None = Field(None, gt=0)  # required for cosine
     grad_clip: float | None = Field(1.0, gt=0)
     micro_batches: int = Field(1, gt=0)
+    # Token-budget batching: rows per row shard in one micro-batch; the micro-batch count then
+    # follows each step's packed row count instead of `micro_batches`.
+    micro_batch_rows: int | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _cosine_needs_total(self) -> OptimizerSection:

@@ -63,8 +63,12 @@ class Trainer:
         self.opt_cfg = opt_cfg
         self.mesh, self.rules, attention = trainer_mesh(mesh_cfg)
         self.optimizer = make_optimizer(opt_cfg)
+        micro_rows = opt_cfg.micro_batch_rows
         common = dict(
-            num_micro=opt_cfg.micro_batches, lr_schedule=make_schedule(opt_cfg), context_attention=attention
+            num_micro=opt_cfg.micro_batches,
+            micro_rows=micro_rows,
+            lr_schedule=make_schedule(opt_cfg),
+            context_attention=attention,
         )
         self._sft = make_sft_step(model_cfg, self.optimizer, self.mesh, self.rules, **common)
         self._dapo = make_dapo_step(
@@ -84,6 +88,7 @@ class Trainer:
             self.mesh,
             self.rules,
             opt_cfg.micro_batches,
+            micro_rows=micro_rows,
             params_shardings=self._shardings.params,
             context_attention=attention,
         )
@@ -97,8 +102,9 @@ class Trainer:
 
     @property
     def rows_multiple(self) -> int:
-        """Row count every batch must be a multiple of (micro-batches x row shards)."""
-        return self.opt_cfg.micro_batches * self._sft.row_shards
+        """Row count every batch must be a multiple of (micro-batches, or rows per micro-batch, x row
+        shards)."""
+        return self._sft.rows_multiple
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint holds of the trainer: params, and the optimizer state with its step."""

@@ -59,6 +59,9 @@ class OptimizerSection(Section):
     total_steps: int | None = Field(None, gt=0)  # required for cosine
     grad_clip: float | None = Field(1.0, gt=0)
     micro_batches: int = Field(1, gt=0)
+    # Token-budget batching: rows per row shard in one micro-batch; the micro-batch count then
+    # follows each step's packed row count instead of `micro_batches`.
+    micro_batch_rows: int | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _cosine_needs_total(self) -> OptimizerSection:
@@ -85,7 +88,9 @@ class RolloutSection(Section):
     """Rollout engine and sampling. RL sampling must be unbiased unless `allow_biased_sampling`."""
 
     engine: Literal["embedded", "http", "sglang"] = "embedded"
-    urls: list[str] = Field(default_factory=list)  # http: servers (or one sglang-router URL)
+    urls: list[str] = Field(default_factory=list)  # http: every worker (weight updates, flushes, health)
+    router: str | None = None  # sglang-router URL: generation goes there, control to each of `urls`
+    export_dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"  # weights handed to servers
     host: str = "127.0.0.1"
     port: int = Field(30000, ge=0, lt=65536)  # embedded server port; 0 picks a free one
     temperature: float = Field(1.0, ge=0)

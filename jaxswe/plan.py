@@ -69,12 +69,16 @@ def plan_input(cfg: RunConfig, stage: str | None = None) -> tuple[PlanInput, str
         sizes = resolve_axis_sizes(m.axes, m.num_hosts * m.devices_per_host)
     except ShardingError as err:
         raise PlanError(str(err)) from None
+    num_micro = cfg.optimizer.micro_batches
+    if cfg.optimizer.micro_batch_rows is not None:  # token-budget batching: size the fullest step
+        row_shards = sizes.get("data", 1) * sizes.get("fsdp", 1)
+        num_micro = max(rows // (cfg.optimizer.micro_batch_rows * row_shards), 1)
     inp = PlanInput(
         model=model_shape(mc),
         mesh=sizes,
         seq_len=seq_len,
         rows=rows,
-        num_micro=cfg.optimizer.micro_batches,
+        num_micro=num_micro,
         remat=cfg.model.remat,
         param_dtype=cfg.model.param_dtype,
         compute_dtype=cfg.model.dtype,

@@ -88,8 +88,9 @@ def make_mesh(axes: Mapping[str, int], devices: Sequence[jax.Device] | None = No
     num_hosts = len({d.process_index for d in devices})
     if num_hosts > 1:
         ici, dcn = split_across_hosts(sizes, len(devices) // num_hosts)
+        # hosts (processes) are the granules: GPUs and CPUs have no TPU slice index
         grid = mesh_utils.create_hybrid_device_mesh(
-            [ici[n] for n in names], [dcn[n] for n in names], devices=devices
+            [ici[n] for n in names], [dcn[n] for n in names], devices=devices, process_is_granule=True
         )
     else:
         grid = mesh_utils.create_device_mesh(shape, devices=devices)

@@ -3,13 +3,15 @@
 `load_hf` reads config.json and one or many *.safetensors (model.safetensors.index.json when
 sharded). With a mesh, every array is built by `jax.make_array_from_callback` from exactly the
 slice each device needs (`safe_open(...).get_slice`), so no host ever holds the whole model.
-`save_hf` writes sharded safetensors + index + config.json that transformers and SGLang load.
+`save_hf` writes sharded safetensors + index + config.json that transformers and SGLang load;
+with several processes each writes the files of the layers it owns, and no host gathers the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -196,12 +198,12 @@ def _leaf_reader(files: _TensorFiles, m: _Mapping, shape: tuple[int, ...], head_
 
 
 def _resolve_shardings(config, mesh, shardings, rules):
-    if mesh is None:
-        return None
     if callable(shardings):
         return shardings(config)
     if shardings is not None:
         return shardings
+    if mesh is None:
+        return None
     if rules is not None:
         return jax.tree.map(
             lambda axes: NamedSharding(mesh, logical_to_spec(axes, rules)),
@@ -226,10 +228,10 @@ def load_hf(
 ) -> tuple[Qwen2Config, Params]:
     """(config, params) from a Hugging Face Qwen2 directory.
 
-    Without a mesh the arrays go to the default device. With a mesh, each array is created with
-    its sharding: `shardings` (a pytree of Shardings like the params, or a function of the
-    config returning one), else `rules` (logical axis -> mesh axes, applied to
-    param_logical_axes), else replicated. `runtime` sets Qwen2Config runtime knobs (dtype, ...).
+    Each array is created with its sharding: `shardings` (a pytree of Shardings like the params,
+    or a function of the config returning one), else, with a mesh, `rules` (logical axis -> mesh
+    axes, applied to param_logical_axes), else replicated on the mesh; with neither the arrays
+    go to the default device. `runtime` sets Qwen2Config runtime knobs (dtype, ...).
     """
     path = Path(path)
     runtime.setdefault("param_dtype", jnp.dtype(dtype).name)
@@ -279,6 +281,86 @@ def _hf_tensors(config: Qwen2Config, params: Params):
     return items
 
 
+def _process_grid(leaf: jax.Array) -> np.ndarray:
+    """The leaf's devices as [process, local device]."""
+    devices = sorted(leaf.sharding.device_set, key=lambda d: (d.process_index, d.id))
+    procs = sorted({d.process_index for d in devices})
+    return np.array(devices, dtype=object).reshape(len(procs), -1)
+
+
+def _layer_groups(num_layers: int, num_processes: int) -> int:
+    """How many groups of processes the layers are split over (each group holds whole layers)."""
+    return math.gcd(num_layers, num_processes)
+
+
+def _owner(layer: int | None, num_layers: int, num_processes: int, name: str = "") -> int:
+    """The process that writes a tensor: per-layer tensors by layer group, the LM head the last
+    process (it is as large as the embedding), the others process 0."""
+    if layer is None:
+        return num_processes - 1 if name == "lm_head.weight" else 0
+    groups = _layer_groups(num_layers, num_processes)
+    return (layer // (num_layers // groups)) * (num_processes // groups)
+
+
+def _own_block(leaf: jax.Array, m: _Mapping, dtype) -> tuple[np.ndarray | None, int]:
+    """This process's part of one leaf on the host, in `dtype`, as (block, first layer): whole
+    layers of its layer group (stacked leaves) or the whole leaf (others, on its owner); None
+    when it writes nothing of the leaf. Multi-process leaves are resharded on device (one leaf at a
+    time) so that each layer group's devices hold its layers whole; no host gathers the model."""
+    stacked = m.stacked
+    if leaf.is_fully_addressable:
+        return np.asarray(leaf.astype(dtype)), 0
+    grid = _process_grid(leaf)
+    num_procs = grid.shape[0]
+    groups = _layer_groups(leaf.shape[0], num_procs) if stacked else 1
+    mesh = Mesh(grid.reshape(groups, -1), ("group", "rest"))
+    spec = PartitionSpec("group") if stacked else PartitionSpec()
+    moved = jax.jit(lambda x: x.astype(dtype), out_shardings=NamedSharding(mesh, spec))(leaf)
+    shard = moved.addressable_shards[0]
+    first = shard.index[0].start or 0 if stacked else 0
+    me = jax.process_index()
+    mine = _owner(first if stacked else None, leaf.shape[0] if stacked else 1, num_procs, m.hf_name) == me
+    return (np.asarray(shard.data) if mine else None), first
+
+
+def _file_plan(items: list[tuple], num_layers: int, num_procs: int, itemsize: int, max_shard_bytes: int):
+    """The files of an export, the same on every process: ([(owner, items)], file names), each
+    file holding consecutive tensors of one owner, under max_shard_bytes."""
+    shards: list[tuple[int, list[tuple]]] = []
+    size = 0
+    for item in items:
+        owner = _owner(item[3], num_layers, num_procs, item[0])
+        per_layer = item[2].shape[1:] if item[1].stacked else item[2].shape
+        nbytes = int(np.prod(per_layer)) * itemsize
+        if not shards or shards[-1][0] != owner or (shards[-1][1] and size + nbytes > max_shard_bytes):
+            shards.append((owner, []))
+            size = 0
+        shards[-1][1].append(item)
+        size += nbytes
+    names = [
+        "model.safetensors" if len(shards) == 1 else f"model-{n:05d}-of-{len(shards):05d}.safetensors"
+        for n in range(1, len(shards) + 1)
+    ]
+    return shards, names
+
+
+def export_bytes_per_process(config: Qwen2Config, num_processes: int, dtype: str = "bfloat16") -> list[int]:
+    """Bytes of safetensors each of `num_processes` processes writes in one `save_hf` (no arrays
+    needed: the plan only reads shapes)."""
+    shapes = param_shapes(config)
+    abstract = jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s, np.float32), shapes, is_leaf=lambda x: isinstance(x, tuple)
+    )
+    items = _hf_tensors(config, abstract)
+    itemsize = np.dtype(_NP_DTYPES[dtype]).itemsize
+    shards, _ = _file_plan(items, config.num_layers, num_processes, itemsize, 5 * 1024**3)
+    out = [0] * num_processes
+    for owner, shard in shards:
+        for _, m, leaf, _ in shard:
+            out[owner] += int(np.prod(leaf.shape[1:] if m.stacked else leaf.shape)) * itemsize
+    return out
+
+
 def save_hf(
     path: str | Path,
     config: Qwen2Config,
@@ -289,50 +371,60 @@ def save_hf(
 ) -> Path:
     """Write safetensors shards (+ index when more than one) and config.json to directory `path`.
 
-    `dtype` ("float32" | "bfloat16" | "float16") defaults to the params' dtype. Files are written
-    to a temporary directory next to `path` and moved into place at the end, so an error leaves
-    nothing half-written. Returns the path.
+    `dtype` ("float32" | "bfloat16" | "float16") defaults to the params' dtype. With several
+    processes every process must call it: each writes the files of the tensors it owns (whole
+    layers of its layer group, see `_owner`), process 0 also the index and config.json. Files are
+    written to a temporary directory next to `path` and moved into place at the end, so an error
+    leaves nothing half-written. Returns the path.
     """
+    from jaxswe.distributed import barrier, broadcast, is_main
+
     path = Path(path)
     items = _hf_tensors(config, params)
     dtype = dtype or jnp.dtype(jax.tree.leaves(params)[0].dtype).name
     if dtype not in _NP_DTYPES:
         raise WeightsError(f"save_hf: dtype {dtype!r} not in {sorted(_NP_DTYPES)}")
     np_dtype = np.dtype(_NP_DTYPES[dtype])
+    num_procs, me = jax.process_count(), jax.process_index()
 
-    shards: list[list[tuple]] = [[]]
-    size = 0
-    for item in items:
-        per_layer = item[2].shape[1:] if item[1].stacked else item[2].shape
-        nbytes = int(np.prod(per_layer)) * np_dtype.itemsize
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(item)
-        size += nbytes
+    shards, names = _file_plan(items, config.num_layers, num_procs, np_dtype.itemsize, max_shard_bytes)
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    # This process's blocks of every leaf (a collective per multi-process leaf, in the same order
+    # everywhere).
+    blocks: dict[int, tuple[np.ndarray | None, int]] = {}
+    for _, m, leaf, _ in items:
+        if id(leaf) not in blocks:
+            blocks[id(leaf)] = _own_block(leaf, m, np_dtype)
+
+    if is_main():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(broadcast(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent) if is_main() else None))
     try:
         weight_map, total = {}, 0
-        for n, shard in enumerate(shards, start=1):
-            file = (
-                "model.safetensors" if len(shards) == 1 else f"model-{n:05d}-of-{len(shards):05d}.safetensors"
-            )
+        for file, (owner, shard) in zip(names, shards, strict=True):
             tensors = {}
             for name, m, leaf, layer in shard:
-                ours = np.asarray(jax.device_get(leaf if layer is None else leaf[layer]))
-                tensors[name] = np.ascontiguousarray(to_hf_layout(m.kind, ours).astype(np_dtype))
                 weight_map[name] = file
-                total += tensors[name].nbytes
-            save_file(tensors, str(tmp / file), metadata={"format": "pt"})
-        if len(shards) > 1:
-            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-        (tmp / "config.json").write_text(json.dumps(config.to_hf_dict(torch_dtype=dtype), indent=2) + "\n")
-        _move_into(tmp, path)
+                total += int(np.prod(_hf_shape(m.kind, leaf.shape[1:] if m.stacked else leaf.shape)))
+                if owner != me:
+                    continue
+                block, first = blocks[id(leaf)]
+                ours = block if layer is None else block[layer - first]
+                tensors[name] = np.ascontiguousarray(to_hf_layout(m.kind, ours))
+            if owner == me:
+                save_file(tensors, str(tmp / file), metadata={"format": "pt"})
+        barrier(f"save_hf files {path}")
+        if is_main():
+            if len(shards) > 1:
+                index = {"metadata": {"total_size": total * np_dtype.itemsize}, "weight_map": weight_map}
+                (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+            hf_config = config.to_hf_dict(torch_dtype=dtype)
+            (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+            _move_into(tmp, path)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if is_main():
+            shutil.rmtree(tmp, ignore_errors=True)
+    barrier(f"save_hf done {path}")
     return path
 
 

@@ -1,7 +1,9 @@
 """`RolloutClient`: the trainer's `Engine` over SGLang's native HTTP API (or `jaxswe serve`).
 
 Many requests in flight over one aiohttp session; each goes to the server with the fewest requests
-in flight (ties in round-robin order; one sglang-router URL works the same). Connection errors,
+in flight (ties in round-robin order), or all to one sglang-router URL (`router`), while control
+calls (weight updates, cache flushes, health) always go to every worker URL: the router has no
+`/update_weights_from_disk` route and answers `/health` 200 with no live worker. Connection errors,
 timeouts and 5xx answers are retried with exponential backoff, preferring another server; 4xx
 answers are not retried. Sampling parameters are sent explicitly on every request, and in training
 mode (`allow_biased_sampling=False`) anything but the model's full softmax is refused.
@@ -69,20 +71,25 @@ class RolloutClient:
         seed: int = 0,
         backoff_s: float = 0.5,
         max_backoff_s: float = 16.0,
+        router: str | None = None,
     ):
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
-            raise UserError("RolloutClient needs at least one server URL")
-        self.urls = [u.rstrip("/") for u in urls]
+            raise UserError(
+                "RolloutClient needs at least one server URL (with a router: the workers behind it)"
+            )
+        self.urls = [u.rstrip("/") for u in urls]  # the workers: control calls go to each
+        self.generate_urls = [router.rstrip("/")] if router else self.urls
         self.timeout = timeout
         self.max_retries = max_retries
         self.allow_biased_sampling = allow_biased_sampling
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self._rng = random.Random(seed)  # backoff jitter only; servers own the sampling seed
-        self.in_flight = dict.fromkeys(self.urls, 0)
-        self.requests_sent = dict.fromkeys(self.urls, 0)
-        self._down_until = dict.fromkeys(self.urls, 0.0)
+        every = list(dict.fromkeys([*self.urls, *self.generate_urls]))
+        self.in_flight = dict.fromkeys(every, 0)
+        self.requests_sent = dict.fromkeys(every, 0)
+        self._down_until = dict.fromkeys(every, 0.0)
         self._next = 0
         self._session: aiohttp.ClientSession | None = None
         self._rids: set[str] = set()  # generate() calls in flight
@@ -111,8 +118,8 @@ class RolloutClient:
     # -- load balancing ------------------------------------------------------------------------
     def _pick(self, avoid: str | None) -> str:
         now = time.monotonic()
-        n = len(self.urls)
-        order = [self.urls[(self._next + i) % n] for i in range(n)]
+        n = len(self.generate_urls)
+        order = [self.generate_urls[(self._next + i) % n] for i in range(n)]
         self._next = (self._next + 1) % n
         up = [u for u in order if self._down_until[u] <= now] or order
         if avoid is not None and len(up) > 1:
@@ -248,7 +255,7 @@ class RolloutClient:
             return url, f"{type(err).__name__}: {err}"
 
     async def check_health(self) -> list[str]:
-        """GET /health on every server; returns the healthy ones, raises if none is."""
+        """GET /health on every worker (never the router); returns the healthy ones, raises if none is."""
         results = await asyncio.gather(*(self._get_status(u, "/health") for u in self.urls))
         healthy = [u for u, s in results if s == 200]
         for u, s in results:
@@ -282,7 +289,11 @@ class RolloutClient:
         )
         failed = [f"{u}: {msg}" for u, ok, msg in results if not ok]
         if failed:
-            raise RolloutError(f"update_weights_from_disk({model_path}) failed on " + "; ".join(failed))
+            raise RolloutError(
+                f"update_weights_from_disk({model_path}) failed on worker "
+                + "; ".join(failed)
+                + " (the run stops: its workers would serve different weights)"
+            )
 
     async def _update_one(self, url: str, path: str, payload: dict[str, Any]) -> tuple[str, bool, str]:
         try:
@@ -348,4 +359,5 @@ def client_from_config(rollout: Any) -> RolloutClient:
         max_retries=rollout.max_retries,
         allow_biased_sampling=rollout.allow_biased_sampling,
         seed=rollout.seed,
+        router=rollout.router,
     )

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from jaxswe.distributed import is_main
+
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """All complete rows of a metrics JSONL file (a torn last line is ignored)."""
@@ -51,13 +53,17 @@ class MetricsLogger:
     """Appends rows to `<dir>/metrics.jsonl` and scalars to TensorBoard under `<dir>/tb`.
 
     `start_step` is the first step this process will log; on resume, rows and events from that
-    step on are removed first so nothing is duplicated.
+    step on are removed first so nothing is duplicated. Only process 0 writes (elsewhere `log`
+    does nothing).
     """
 
     def __init__(self, directory: str | Path, *, start_step: int = 0):
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / "metrics.jsonl"
+        self._tb = None
+        if not is_main():
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
             truncate_after(self.path, start_step - 1)
         self.path.touch()
@@ -67,6 +73,8 @@ class MetricsLogger:
 
     def log(self, step: int, row: dict[str, Any]) -> None:
         """Write one row (flushed and fsynced: it is durable once this returns)."""
+        if self._tb is None:
+            return
         full = {"step": int(step), **row}
         with self.path.open("a") as f:
             f.write(json.dumps(full, default=float) + "\n")
@@ -79,4 +87,5 @@ class MetricsLogger:
         self._tb.flush()
 
     def close(self) -> None:
-        self._tb.close()
+        if self._tb is not None:
+            self._tb.close()

@@ -15,6 +15,11 @@ ConfigOpt = Annotated[Path, typer.Option("--config", help="YAML config (configs/
 RunDirOpt = Annotated[Path, typer.Option("--run-dir", help="where the run writes everything")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override section.key=value (repeatable)")]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="continue from the last complete checkpoint")]
+CoordinatorOpt = Annotated[
+    str | None, typer.Option("--coordinator", help="HOST:PORT of process 0 (multi-process runs)")
+]
+NumProcessesOpt = Annotated[int | None, typer.Option("--num-processes", help="JAX processes in the run")]
+ProcessIdOpt = Annotated[int | None, typer.Option("--process-id", help="this process's index, 0..N-1")]
 
 
 def _compile_cache() -> None:
@@ -28,10 +33,19 @@ def _compile_cache() -> None:
 
 def _stage_command(name: str):
     def command(
-        config: ConfigOpt, run_dir: RunDirOpt, set_: SetOpt = None, resume: ResumeOpt = False
+        config: ConfigOpt,
+        run_dir: RunDirOpt,
+        set_: SetOpt = None,
+        resume: ResumeOpt = False,
+        coordinator: CoordinatorOpt = None,
+        num_processes: NumProcessesOpt = None,
+        process_id: ProcessIdOpt = None,
     ) -> None:
         cfg = load_config(config, set_ or [])  # before the heavy imports: a bad config fails at once
+        from jaxswe.distributed import initialize
         from jaxswe.stages.stages import run_stage
+
+        initialize(coordinator, num_processes, process_id)
 
         _compile_cache()
         summary = run_stage(name, cfg, run_dir, init_from=cfg.init_from, resume=resume)
@@ -46,10 +60,21 @@ def _stage_command(name: str):
     return command
 
 
-def pipeline(config: ConfigOpt, run_dir: RunDirOpt, set_: SetOpt = None, resume: ResumeOpt = False) -> None:
+def pipeline(
+    config: ConfigOpt,
+    run_dir: RunDirOpt,
+    set_: SetOpt = None,
+    resume: ResumeOpt = False,
+    coordinator: CoordinatorOpt = None,
+    num_processes: NumProcessesOpt = None,
+    process_id: ProcessIdOpt = None,
+) -> None:
     """Run the config's stages in order (e.g. warmstart -> rft -> rl -> eval), each in RUN_DIR/<stage>."""
     cfg = load_config(config, set_ or [])
+    from jaxswe.distributed import initialize
     from jaxswe.stages.stages import run_pipeline
+
+    initialize(coordinator, num_processes, process_id)
 
     _compile_cache()
     out = run_pipeline(cfg, run_dir, resume=resume)

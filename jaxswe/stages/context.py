@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxswe.config import RunConfig
+from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
 from jaxswe.run.plots import plot_metrics
 from jaxswe.stages.evaluate import run_eval_stage
@@ -142,7 +143,7 @@ def finish_stage(ctx: StageContext, summary: dict[str, Any], params: Any | None 
         summary["pass_at_1"] = report["pass_at_1"]
         summary["pass_at_1_ci95"] = report["pass_at_1_ci95"]
     metrics = ctx.stage_dir / "metrics.jsonl"
-    if metrics.exists():
+    if is_main() and metrics.exists():
         plot_metrics(
             metrics, ctx.stage_dir / "plots" / f"{summary['name']}_curves.png", title=summary["name"]
         )

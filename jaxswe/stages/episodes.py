@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from jaxswe.data.packing import Sequence
+from jaxswe.distributed import is_main
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,10 @@ def from_trajectory(task_id: str, traj: Any) -> Episode:
 
 
 def save_episodes(path: str | Path, episodes: list[Episode], extra: list[dict] | None = None) -> None:
-    """Write one JSON object per episode (atomically: a killed write leaves the old file)."""
+    """Write one JSON object per episode (atomically: a killed write leaves the old file); process 0
+    only."""
+    if not is_main():
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

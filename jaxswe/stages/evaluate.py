@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxswe.config import RunConfig
+from jaxswe.distributed import is_main
 from jaxswe.rollout.types import SamplingParams
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.plots import plot_metrics
@@ -78,10 +79,11 @@ def run_eval_stage(
     report, episodes = run_phase(backend, evaluate(cfg, backend, tokenizer, make_env, task_ids, samples))
     save_episodes(stage_dir / "trajectories" / f"{name}.jsonl", episodes)
     write_json(stage_dir / f"{name}.json", report)
-    (stage_dir / f"{name}_table.txt").write_text(format_table(report) + "\n")
     metrics = MetricsLogger(stage_dir / name if name != "eval" else stage_dir)
     row = {k: v for k, v in report.items() if isinstance(v, int | float)}
     metrics.log(0, {**row, "pass_rate": report["pass_at_1"]})
     metrics.close()
-    plot_metrics(metrics.path, stage_dir / "plots" / f"{name}.png", title=f"{cfg.name}: {name}")
+    if is_main():
+        (stage_dir / f"{name}_table.txt").write_text(format_table(report) + "\n")
+        plot_metrics(metrics.path, stage_dir / "plots" / f"{name}.png", title=f"{cfg.name}: {name}")
     return report

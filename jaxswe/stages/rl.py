@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from jaxswe.config import RLSection, RunConfig
 from jaxswe.data.packing import Sequence, pack_sequences, pad_rows, split_rows
+from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
 from jaxswe.rollout.client import logprob_gap
 from jaxswe.rollout.types import SamplingParams
@@ -294,7 +295,8 @@ def run_rl(setup: RLSetup, *, resume: bool, history: History | None = None) -> d
     run_phase(setup.backend, loop())
     metrics.close()
     ckpts.close()
-    plot_metrics(metrics.path, stage_dir / "plots" / "rl_curves.png", title=f"{cfg.name}: RL")
+    if is_main():
+        plot_metrics(metrics.path, stage_dir / "plots" / "rl_curves.png", title=f"{cfg.name}: RL")
     rows = read_rows(metrics.path)
     return {
         "name": "rl",

@@ -16,8 +16,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import jax
+
 from envs.base import Environment
 from jaxswe.config import AgentSection
+from jaxswe.distributed import barrier, broadcast, is_main, on_main_async, to_host
 from jaxswe.rollout.types import Engine, SamplingParams
 from jaxswe.stages.episodes import Episode, from_trajectory
 
@@ -48,38 +51,69 @@ def run_phase(backend: Backend, coro: Awaitable[T]) -> T:
     return asyncio.run(main())
 
 
+def sampler_copy(params: Any) -> Any:
+    """The embedded sampler's own copy of (possibly multi-process, sharded) params: whole, on this
+    process's first device. Every process must call it (it gathers across processes); the same
+    device for any mesh, so a run samples the same tokens for any device or process count."""
+    device = jax.local_devices()[0]
+    return jax.tree.map(lambda x: jax.device_put(to_host(x), device), params)
+
+
 class EmbeddedBackend:
-    """The in-process sampler; new weights are swapped in memory (no disk round trip)."""
+    """The in-process sampler (on process 0 only: `engine` is None elsewhere); new weights are
+    swapped in memory (no disk round trip)."""
 
     def __init__(self, engine: Any, model_cfg: Any):
         self.engine = engine
         self.model_cfg = model_cfg
 
     async def sync_weights(self, params: Any, export_dir: Path, *, version: int) -> None:
-        self.engine.sampler.swap(self.model_cfg, params)
-        self.engine.weight_version = str(version)
+        local = sampler_copy(params)
+        if self.engine is not None:
+            self.engine.sampler.swap(self.model_cfg, local)
+            self.engine.weight_version = str(version)
 
     async def release(self) -> None:
         return None
 
     async def close(self) -> None:
-        await self.engine.close()
+        if self.engine is not None:
+            await self.engine.close()
 
 
 class HttpBackend:
-    """SGLang-API servers; weights go through `save_hf` on a shared disk."""
+    """SGLang-API servers; weights go through `save_hf` on a shared disk, in `export_dtype`."""
 
-    def __init__(self, client: Any, model_cfg: Any, tokenizer_dir: str | None):
+    def __init__(
+        self, client: Any, model_cfg: Any, tokenizer_dir: str | None, *, export_dtype: str = "bfloat16"
+    ):
         self.engine = client
         self.model_cfg = model_cfg
         self.tokenizer_dir = tokenizer_dir
+        self.export_dtype = export_dtype
 
     async def sync_weights(self, params: Any, export_dir: Path, *, version: int) -> None:
+        """Every process writes its own layers; process 0 then tells every worker to load them."""
         from jaxswe.model import save_hf
 
         tmp = export_dir.with_name(export_dir.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_hf(tmp, self.model_cfg, params)
+        if is_main():
+            shutil.rmtree(tmp, ignore_errors=True)
+        barrier("weights export")
+        save_hf(tmp, self.model_cfg, params, dtype=self.export_dtype)
+        from jaxswe.rollout.client import RolloutError
+
+        error = None
+        if is_main():
+            try:
+                await self._publish(tmp, export_dir, version)
+            except RolloutError as err:  # a worker failed the update: every process stops
+                error = str(err)
+        error = broadcast(error)
+        if error:
+            raise RolloutError(error)
+
+    async def _publish(self, tmp: Path, export_dir: Path, version: int) -> None:
         if self.tokenizer_dir:
             for f in Path(self.tokenizer_dir).iterdir():
                 if f.is_file() and ("token" in f.name or f.name in ("vocab.json", "merges.txt")):
@@ -109,8 +143,15 @@ async def collect_episodes(
     """Run one episode per entry of `task_ids` (repeat an id for a group), all in flight at once.
 
     Returns the episodes in input order and the wall time. An environment that cannot even be
-    built counts as an infrastructure failure of that episode.
+    built counts as an infrastructure failure of that episode. With several processes, process 0
+    runs them all and every process gets its episodes (see jaxswe.distributed).
     """
+    return await on_main_async(
+        lambda: _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concurrency)
+    )
+
+
+async def _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concurrency):
     from jaxswe.agent.loop import run_episodes
 
     start = time.perf_counter()

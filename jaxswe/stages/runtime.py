@@ -12,6 +12,7 @@ from typing import Any
 import jax
 
 from jaxswe.config import RunConfig
+from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
 from jaxswe.run.checkpoint import Checkpoints, find_checkpoint_dir
 from jaxswe.stages.rollouts import Backend, EmbeddedBackend, EnvFactory, HttpBackend
@@ -43,7 +44,7 @@ def model_knobs(cfg: RunConfig) -> dict[str, Any]:
 
 
 def write_model_file(stage_dir: Path, policy: Policy) -> None:
-    write_json(
+    write_json(  # process 0 only, like every stage file
         stage_dir / MODEL_FILE,
         {"hf_config": policy.model_cfg.to_hf_dict(), "tokenizer": str(Path(policy.tokenizer_dir).absolute())},
     )
@@ -61,7 +62,8 @@ def load_tokenizer(path: str | Path) -> Any:
 def policy_from_checkpoint(cfg: RunConfig, source: str | Path) -> Policy:
     """Params of the newest readable checkpoint of a stage dir (or its checkpoints/)."""
     from jaxswe.model.config import Qwen2Config
-    from jaxswe.model.params import init_params
+    from jaxswe.stages.trainer import params_placement
+    from jaxswe.train.state import abstract_params
 
     ckpt_dir = find_checkpoint_dir(source)
     model_file = ckpt_dir.parent / MODEL_FILE
@@ -69,12 +71,26 @@ def policy_from_checkpoint(cfg: RunConfig, source: str | Path) -> Policy:
         raise UserError(f"{ckpt_dir.parent}: no {MODEL_FILE} next to the checkpoints; not a jaxswe stage dir")
     meta = read_json(model_file)
     model_cfg = Qwen2Config.from_hf_dict(meta["hf_config"], **model_knobs(cfg))
-    abstract = jax.eval_shape(lambda: init_params(model_cfg, jax.random.key(0)))
+    placement = params_placement(model_cfg, cfg.mesh)  # each array read straight into its shards
+    abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_params(model_cfg), placement
+    )
     restored = Checkpoints(ckpt_dir, max_to_keep=None).restore_latest({"params": abstract})
     if restored is None:
         raise UserError(f"{ckpt_dir}: no readable checkpoint")
     _, items, _ = restored
     return Policy(model_cfg, items["params"], meta["tokenizer"])
+
+
+def init_sharded(model_cfg: Any, seed: int, cfg: RunConfig) -> Any:
+    """A random init of `model_cfg` created directly in the trainer's shardings."""
+    from jaxswe.model.params import init_params
+    from jaxswe.stages.trainer import params_placement
+
+    init = jax.jit(
+        lambda key: init_params(model_cfg, key), out_shardings=params_placement(model_cfg, cfg.mesh)
+    )
+    return init(jax.random.key(seed))
 
 
 def resolve_policy(cfg: RunConfig, init_from: str | None = None) -> Policy:
@@ -86,17 +102,19 @@ def resolve_policy(cfg: RunConfig, init_from: str | None = None) -> Policy:
     m = cfg.model
     if m.path:
         from jaxswe.model.hf_io import load_hf
+        from jaxswe.stages.trainer import params_placement
 
         path = Path(m.path)
         if not (path / "config.json").is_file():
             raise UserError(f"model.path {path}: not a Hugging Face model directory (no config.json)")
         tok = m.tokenizer or m.path
         load_tokenizer(tok)
-        model_cfg, params = load_hf(path, **model_knobs(cfg))
+        model_cfg, params = load_hf(
+            path, shardings=lambda c: params_placement(c, cfg.mesh), **model_knobs(cfg)
+        )
         return Policy(model_cfg, params, tok)
     if m.preset:
         from jaxswe.model.config import get_preset
-        from jaxswe.model.params import init_params
 
         if not m.tokenizer:
             raise UserError("model.preset needs model.tokenizer (a tokenizer directory)")
@@ -104,7 +122,7 @@ def resolve_policy(cfg: RunConfig, init_from: str | None = None) -> Policy:
         model_cfg = get_preset(m.preset, **model_knobs(cfg))
         if len(tokenizer) > model_cfg.vocab_size:
             model_cfg = model_cfg.replace(vocab_size=-(-len(tokenizer) // 64) * 64)
-        return Policy(model_cfg, init_params(model_cfg, jax.random.key(m.seed)), m.tokenizer)
+        return Policy(model_cfg, init_sharded(model_cfg, m.seed, cfg), m.tokenizer)
     raise UserError("no model: set model.path, model.preset or init_from")
 
 
@@ -113,10 +131,13 @@ def check_servers(cfg: RunConfig) -> None:
     from jaxswe.rollout.client import RolloutClient
 
     if not cfg.rollout.urls:
-        raise UserError(f"rollout.engine {cfg.rollout.engine!r} needs rollout.urls")
+        raise UserError(
+            f"rollout.engine {cfg.rollout.engine!r} needs rollout.urls "
+            "(every worker, also those behind rollout.router)"
+        )
 
     async def probe() -> None:
-        client = RolloutClient(cfg.rollout.urls, timeout=10.0, max_retries=0)
+        client = RolloutClient(cfg.rollout.urls, timeout=10.0, max_retries=0)  # the workers, not the router
         try:
             await client.check_health()
         finally:
@@ -131,12 +152,16 @@ def make_backend(cfg: RunConfig, policy: Policy, *, allow_biased: bool = False) 
     if r.engine == "embedded":
         from jaxswe.rollout.engine import EmbeddedEngine
         from jaxswe.rollout.sampler import Sampler
+        from jaxswe.stages.rollouts import sampler_copy
 
+        params = sampler_copy(policy.params)
+        if not is_main():  # rollouts run on process 0
+            return EmbeddedBackend(None, policy.model_cfg)
         # Batch and decode budget fixed at their maxima: the sampler compiles one shape per
         # prompt-length bucket instead of one per (batch size, prompt, budget) combination.
         sampler = Sampler(
             policy.model_cfg,
-            policy.params,
+            params,
             max_context=cfg.agent.max_context_tokens,
             seed=r.seed,
             min_batch_bucket=r.max_batch,
@@ -151,8 +176,9 @@ def make_backend(cfg: RunConfig, policy: Policy, *, allow_biased: bool = False) 
         max_retries=r.max_retries,
         allow_biased_sampling=allow_biased or r.allow_biased_sampling,
         seed=r.seed,
+        router=r.router,
     )
-    return HttpBackend(client, policy.model_cfg, policy.tokenizer_dir)
+    return HttpBackend(client, policy.model_cfg, policy.tokenizer_dir, export_dtype=r.export_dtype)
 
 
 def load_pool(path: str) -> list[Any]:

@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from jaxswe.config import RunConfig, dump_config
+from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
 
 
 def write_json(path: str | Path, obj: Any) -> None:
-    """Atomic JSON write (a kill leaves either the old file or the new one)."""
+    """Atomic JSON write (a kill leaves either the old file or the new one); process 0 only."""
+    if not is_main():
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -26,7 +29,8 @@ def read_json(path: str | Path) -> Any:
 
 def prepare_stage_dir(stage_dir: Path, cfg: RunConfig) -> None:
     stage_dir.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, stage_dir / "config.yaml")
+    if is_main():
+        dump_config(cfg, stage_dir / "config.yaml")
 
 
 def load_history(path: str | Path) -> dict[str, list[int]]:

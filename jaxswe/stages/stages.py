@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxswe.config import RunConfig, dump_config
+from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
 from jaxswe.stages.context import StageContext, check_inputs, ensure_backend, finish_stage, open_stage
 from jaxswe.stages.evaluate import run_eval_stage
@@ -118,8 +119,10 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, An
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
         raise UserError(f"{run_dir} is not empty; pass --resume to continue it or choose a new --run-dir")
     check_inputs(cfg)
+    barrier("pipeline checked")  # every process saw run_dir before process 0 writes into it
     run_dir.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, run_dir / "config.yaml")
+    if is_main():
+        dump_config(cfg, run_dir / "config.yaml")
     summaries: list[dict[str, Any]] = []
     previous = cfg.init_from
     for name in cfg.stages:

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxswe.config import MeshSection, OptimizerSection
+from jaxswe.distributed import to_host
+from jaxswe.model.params import param_logical_axes
 from jaxswe.optim import make_optimizer, make_schedule
 from jaxswe.train import (
     TrainState,
@@ -23,9 +25,24 @@ from jaxswe.train import (
     make_dapo_step,
     make_sft_step,
 )
-from sharding import make_mesh, make_rules
+from jaxswe.train.state import abstract_params
+from sharding import make_mesh, make_rules, param_shardings
 
 Batch = dict[str, np.ndarray]
+
+
+def trainer_mesh(mesh_cfg: MeshSection | None) -> tuple[Any, Any, str]:
+    """(mesh, rules, context attention) a Trainer of `mesh_cfg` runs on (None: one device)."""
+    if mesh_cfg is None:
+        return make_mesh({"fsdp": 1}, jax.devices()[:1]), make_rules(), "ring"
+    return make_mesh(mesh_cfg.axes), make_rules(mesh_cfg.rules), mesh_cfg.context_attention
+
+
+def params_placement(model_cfg: Any, mesh_cfg: MeshSection | None) -> Any:
+    """The NamedSharding of every param in a Trainer of `mesh_cfg`: where loading and restoring
+    put each array directly, so the model is never whole on one device."""
+    mesh, rules, _ = trainer_mesh(mesh_cfg)
+    return param_shardings(mesh, rules, param_logical_axes(model_cfg), abstract_params(model_cfg))
 
 
 class Trainer:
@@ -44,14 +61,14 @@ class Trainer:
     ):
         self.model_cfg = model_cfg
         self.opt_cfg = opt_cfg
-        if mesh_cfg is None:
-            self.mesh, self.rules, attention = make_mesh({"fsdp": 1}, jax.devices()[:1]), make_rules(), "ring"
-        else:
-            self.mesh, self.rules = make_mesh(mesh_cfg.axes), make_rules(mesh_cfg.rules)
-            attention = mesh_cfg.context_attention
+        self.mesh, self.rules, attention = trainer_mesh(mesh_cfg)
         self.optimizer = make_optimizer(opt_cfg)
+        micro_rows = opt_cfg.micro_batch_rows
         common = dict(
-            num_micro=opt_cfg.micro_batches, lr_schedule=make_schedule(opt_cfg), context_attention=attention
+            num_micro=opt_cfg.micro_batches,
+            micro_rows=micro_rows,
+            lr_schedule=make_schedule(opt_cfg),
+            context_attention=attention,
         )
         self._sft = make_sft_step(model_cfg, self.optimizer, self.mesh, self.rules, **common)
         self._dapo = make_dapo_step(
@@ -65,10 +82,13 @@ class Trainer:
             **common,
         )
         self._shardings: TrainState = self._sft.state_shardings
+        # the recompute pass splits rows like the train step, so it needs no more activation memory
         self._lp = make_compute_logprobs(
             model_cfg,
             self.mesh,
             self.rules,
+            opt_cfg.micro_batches,
+            micro_rows=micro_rows,
             params_shardings=self._shardings.params,
             context_attention=attention,
         )
@@ -82,8 +102,9 @@ class Trainer:
 
     @property
     def rows_multiple(self) -> int:
-        """Row count every batch must be a multiple of (micro-batches x row shards)."""
-        return self.opt_cfg.micro_batches * self._sft.row_shards
+        """Row count every batch must be a multiple of (micro-batches, or rows per micro-batch, x row
+        shards)."""
+        return self._sft.rows_multiple
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint holds of the trainer: params, and the optimizer state with its step."""
@@ -104,7 +125,7 @@ class Trainer:
     def logprobs(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         """Trainer log-probs and entropies [B, T] of the batch's tokens (no update)."""
         lp_bt, ent_bt = self._lp(self.params, self._put(batch, ("input_ids", "positions", "segment_ids")))
-        return np.asarray(lp_bt, np.float32), np.asarray(ent_bt, np.float32)
+        return to_host(lp_bt).astype(np.float32), to_host(ent_bt).astype(np.float32)
 
     def sft_update(self, batch: Batch) -> dict[str, float]:
         self._state, out = self._sft(

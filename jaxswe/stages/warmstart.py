@@ -13,9 +13,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import jax
-
 from jaxswe.config import RunConfig, SFTSection
+from jaxswe.distributed import barrier, is_main, on_main_async
 from jaxswe.errors import UserError
 from jaxswe.rollout.types import Generation, SamplingParams
 from jaxswe.run.checkpoint import Checkpoints
@@ -98,8 +97,7 @@ async def scripted_episodes(cfg: RunConfig, tasks: list[Any], make_env: Any, tok
 def build_policy(cfg: RunConfig, stage_dir: Path, tasks: list[Any], make_env: Any) -> Policy:
     """Tokenizer (built here unless model.tokenizer is set) and a random model of model.preset."""
     from jaxswe.model.config import get_preset
-    from jaxswe.model.params import init_params
-    from jaxswe.stages.runtime import load_tokenizer
+    from jaxswe.stages.runtime import init_sharded, load_tokenizer
     from jaxswe.tokenizer import build_tokenizer
 
     if not cfg.model.preset:
@@ -107,15 +105,16 @@ def build_policy(cfg: RunConfig, stage_dir: Path, tasks: list[Any], make_env: An
     tok_dir = cfg.model.tokenizer
     if not tok_dir:
         tok_dir = str(stage_dir / "tokenizer")
-        if not (Path(tok_dir) / "tokenizer.json").is_file():
+        if is_main() and not (Path(tok_dir) / "tokenizer.json").is_file():
             texts = corpus_texts(cfg, tasks, make_env)
             build_tokenizer(texts, cfg.warmstart.vocab_size, tok_dir)
+        barrier("warmstart tokenizer")
     tokenizer = load_tokenizer(tok_dir)
     vocab = -(-len(tokenizer) // 64) * 64
     model_cfg = get_preset(
         cfg.model.preset, **{**model_knobs(cfg), "vocab_size": vocab, **cfg.warmstart.model_overrides}
     )
-    return Policy(model_cfg, init_params(model_cfg, jax.random.key(cfg.model.seed)), tok_dir)
+    return Policy(model_cfg, init_sharded(model_cfg, cfg.model.seed, cfg), tok_dir)
 
 
 def run_warmstart(ctx: Any, *, resume: bool) -> tuple[dict[str, Any], Any]:
@@ -132,7 +131,7 @@ def run_warmstart(ctx: Any, *, resume: bool) -> tuple[dict[str, Any], Any]:
             trainer.load_state(items)
             return dict(meta["summary"]), trainer.params
     tasks = [t for t in check_inputs(cfg)[0] if t.instance_id in set(ctx.task_ids)]
-    demos = asyncio.run(scripted_episodes(cfg, tasks, ctx.make_env, ctx.tokenizer))
+    demos = asyncio.run(on_main_async(lambda: scripted_episodes(cfg, tasks, ctx.make_env, ctx.tokenizer)))
     save_episodes(stage_dir / "trajectories" / "demonstrations.jsonl", demos)
     good = [e for e in demos if e.resolved]
     print(f"jaxswe warmstart: {len(good)}/{len(demos)} scripted demonstrations resolve their task")

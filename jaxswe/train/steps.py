@@ -6,7 +6,10 @@ and advantages (float32, per token). Every step:
 - runs under the mesh's logical-axis rules (params/opt state sharded by `train_state_shardings`,
   rows over the `batch` axes, tokens over the `length` axes with context-parallel attention),
 - splits the batch into `num_micro` micro-batches accumulated in a scan (each micro-batch takes
-  an equal share of every device's rows, so no data moves),
+  an equal share of every device's rows, so no data moves); with `micro_rows` instead, a
+  micro-batch is `micro_rows` rows per row shard and their count follows the batch's row count
+  (token-budget batching: a step of short trajectories packs into few rows and runs few
+  micro-batches; each distinct row count compiles once),
 - normalizes the loss by the token count of the whole global batch, so the result is the same
   for any micro-batching or device count,
 - donates the old state and returns (new_state, metrics): loss, grad_norm, lr, entropy, tokens and
@@ -98,11 +101,19 @@ class _Setup:
     """What every step of one (model, mesh, rules) shares: shardings and the log-prob function."""
 
     def __init__(
-        self, config: Qwen2Config, optimizer, mesh: Mesh, rules: Rules, num_micro: int, context_attention: str
+        self,
+        config: Qwen2Config,
+        optimizer,
+        mesh: Mesh,
+        rules: Rules,
+        num_micro: int,
+        context_attention: str,
+        micro_rows: int | None = None,
     ):
-        if num_micro < 1:
-            raise TrainStepError(f"num_micro must be >= 1, got {num_micro}")
+        if num_micro < 1 or (micro_rows is not None and micro_rows < 1):
+            raise TrainStepError(f"num_micro and micro_rows must be >= 1, got {num_micro}, {micro_rows}")
         self.config, self.mesh, self.rules, self.num_micro = config, mesh, rules, num_micro
+        self.micro_rows = micro_rows
         self.context_n = context_size(mesh, rules)
         self.row_shards = _batch_shards(mesh, rules)
         # sharding's flash attention also without context parallelism: it keeps masks per block
@@ -126,7 +137,18 @@ class _Setup:
             context_n=self.context_n,
         )
 
-    def check(self, batch, keys, num_micro):
+    def micro_count(self, rows: int) -> int:
+        """Micro-batches of a batch of `rows` rows (fixed, or rows / (micro_rows x row shards))."""
+        if self.micro_rows is None:
+            return self.num_micro
+        return max(rows // (self.micro_rows * self.row_shards), 1)
+
+    @property
+    def rows_multiple(self) -> int:
+        return (self.micro_rows or self.num_micro) * self.row_shards
+
+    def check(self, batch, keys):
+        num_micro = self.micro_count(batch["input_ids"].shape[0])
         check_batch(batch, keys, num_micro=num_micro, row_shards=self.row_shards, token_shards=self.context_n)
 
 
@@ -135,7 +157,8 @@ def _make_step(setup: _Setup, optimizer, keys, loss_of, lr_schedule) -> Callable
         with use_rules(setup.mesh, setup.rules):
             batch = {k: batch[k] for k in keys}
             num_tokens = jnp.sum(batch["loss_mask"].astype(jnp.float32))
-            micro = interleave_rows(batch, setup.num_micro, setup.row_shards)
+            num_micro = setup.micro_count(batch["input_ids"].shape[0])
+            micro = interleave_rows(batch, num_micro, setup.row_shards)
 
             def loss_fn(params, mb):
                 logp, entropy = setup.logprobs(params, mb)
@@ -143,7 +166,7 @@ def _make_step(setup: _Setup, optimizer, keys, loss_of, lr_schedule) -> Callable
                 aux = dict(aux, entropy=jax.lax.stop_gradient(_masked_mean(entropy, mb["loss_mask"])))
                 return loss, aux
 
-            loss, aux, grads = accumulate_gradients(loss_fn, state.params, micro, setup.num_micro)
+            loss, aux, grads = accumulate_gradients(loss_fn, state.params, micro, num_micro)
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
         metrics = {
@@ -165,13 +188,14 @@ def _make_step(setup: _Setup, optimizer, keys, loss_of, lr_schedule) -> Callable
     )
 
     def checked(state: TrainState, batch: dict[str, jax.Array]):
-        setup.check(batch, keys, setup.num_micro)
+        setup.check(batch, keys)
         return jitted(state, {k: batch[k] for k in keys})
 
     checked.jitted = jitted
     checked.state_shardings = setup.state_sh
     checked.batch_sharding = setup.batch_sh
     checked.row_shards = setup.row_shards
+    checked.rows_multiple = setup.rows_multiple
     return checked
 
 
@@ -184,13 +208,14 @@ def make_sft_step(
     *,
     lr_schedule: optax.Schedule | None = None,
     context_attention: str = "ring",
+    micro_rows: int | None = None,
 ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
     """step(state, batch) -> (state, metrics) minimizing the masked NLL of `loss_mask` tokens.
 
     The returned function checks the batch, then calls the jitted step (`.jitted`); its
     `.state_shardings` / `.batch_sharding` say where state and batch live.
     """
-    setup = _Setup(model_cfg, optimizer, mesh, rules, num_micro, context_attention)
+    setup = _Setup(model_cfg, optimizer, mesh, rules, num_micro, context_attention, micro_rows)
 
     def loss_of(logp, entropy, mb, num_tokens):
         return sft_loss(logp, mb["loss_mask"], num_tokens=num_tokens)
@@ -210,10 +235,11 @@ def make_dapo_step(
     entropy_coef: float = 0.0,
     lr_schedule: optax.Schedule | None = None,
     context_attention: str = "ring",
+    micro_rows: int | None = None,
 ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
     """step(state, batch) -> (state, metrics) of the DAPO clipped objective (per-token advantages),
     plus `dapo_loss`'s entropy bonus when `entropy_coef` > 0."""
-    setup = _Setup(model_cfg, optimizer, mesh, rules, num_micro, context_attention)
+    setup = _Setup(model_cfg, optimizer, mesh, rules, num_micro, context_attention, micro_rows)
 
     def loss_of(logp, entropy, mb, num_tokens):
         chex.assert_equal_shape([logp, mb["old_logprobs"], mb["advantages"]])
@@ -240,18 +266,20 @@ def make_compute_logprobs(
     *,
     params_shardings: Any = None,
     context_attention: str = "ring",
+    micro_rows: int | None = None,
 ) -> Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, jax.Array]]:
     """fn(params, batch) -> (logprobs, entropy) [B, T] float32, batch-sharded like the train steps.
 
     Runs `num_micro` micro-batches one after another (lax.map) to bound activation memory; used to
     recompute old log-probs before a DAPO update and to measure the rollout/trainer gap.
     """
-    setup = _Setup(model_cfg, None, mesh, rules, num_micro, context_attention)
+    setup = _Setup(model_cfg, None, mesh, rules, num_micro, context_attention, micro_rows)
     keys = ("input_ids", "positions", "segment_ids")
 
     def run(params, batch):
         with use_rules(mesh, rules):
             b = batch["input_ids"].shape[0]
+            num_micro = setup.micro_count(b)
             micro = interleave_rows(batch, num_micro, setup.row_shards)
             micro = jax.tree.map(lambda x: x.reshape(num_micro, b // num_micro, *x.shape[1:]), micro)
             logp, ent = jax.lax.map(lambda mb: setup.logprobs(params, mb), micro)
@@ -266,7 +294,7 @@ def make_compute_logprobs(
     )
 
     def checked(params, batch):
-        setup.check(batch, keys, num_micro)
+        setup.check(batch, keys)
         return jitted(params, {k: batch[k] for k in keys})
 
     checked.jitted = jitted

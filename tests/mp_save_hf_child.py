@@ -1,0 +1,42 @@
+"""One of 2 processes (4 CPU devices each) calling save_hf on fsdp-sharded params; writes the names
+of the safetensors files this process wrote to OUT/written_<id>.json.
+
+usage: python mp_save_hf_child.py OUT PROCESS_ID PORT
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+out, process_id, port = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+from jaxswe import distributed  # noqa: E402
+
+distributed.initialize(f"localhost:{port}", 2, process_id)
+
+import jax  # noqa: E402
+
+from jaxswe.config import MeshSection  # noqa: E402
+from jaxswe.model import hf_io  # noqa: E402
+from jaxswe.model.config import get_preset  # noqa: E402
+from jaxswe.model.params import init_params  # noqa: E402
+from jaxswe.stages.trainer import params_placement  # noqa: E402
+
+CONFIG = get_preset("tiny", vocab_size=96, tie_word_embeddings=False, attention="dense")
+# the trainer's layout on the global 8-device mesh (fsdp over both processes)
+params = jax.jit(lambda k: init_params(CONFIG, k), out_shardings=params_placement(CONFIG, MeshSection()))(
+    jax.random.key(0)
+)
+assert not any(x.is_fully_addressable for x in jax.tree.leaves(params) if x.ndim > 1)
+
+written = []
+real_save = hf_io.save_file
+hf_io.save_file = lambda tensors, file, **kw: (
+    written.append(Path(file).name),
+    real_save(tensors, file, **kw),
+)
+hf_io.save_hf(out / "hf", CONFIG, params, dtype="bfloat16", max_shard_bytes=60_000)
+(out / f"written_{process_id}.json").write_text(json.dumps(written))

@@ -1,0 +1,194 @@
+"""Multi-process JAX runs (2 processes x 4 CPU devices, gloo collectives) against one process of
+8 devices: the same params at the end, and a kill -9 of one process mid-iteration survived by a
+restart of both with --resume."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rl_toy_helpers import toy_tokenizer
+
+from jaxswe.run.metrics import read_rows
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+pytestmark = pytest.mark.slow
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _env(cache: Path, devices: int) -> dict[str, str]:
+    return {
+        **os.environ,
+        "JAXSWE_TEST_CACHE": str(cache),
+        "JAXSWE_COMPILE_CACHE": str(cache),
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+def _wait(procs, timeout=900):
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=timeout)
+        outs.append(out)
+        assert p.returncode == 0, out[-3000:]
+    return outs
+
+
+def _toy_run(out: Path, n: int, cache: Path) -> dict[str, np.ndarray]:
+    port = str(_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "mp_toy_child.py"), str(out), str(n), str(i), port],
+            env=_env(cache, 8 // n),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(n)
+    ]
+    _wait(procs)
+    return dict(np.load(out / "final.npz"))
+
+
+@pytest.mark.timeout(1800)
+def test_two_processes_train_like_one(tmp_path):
+    """RFT then 2 RL iterations (DAPO steps taken) on the toy env: 2 x 4 devices == 1 x 8."""
+    one = _toy_run(tmp_path / "one", 1, tmp_path / "xla")
+    two = _toy_run(tmp_path / "two", 2, tmp_path / "xla")
+    rows = read_rows(tmp_path / "two" / "rl" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2] and sum(r["optimizer_steps"] for r in rows) > 0
+    for key in ("loss", "tokens_trained", "groups_kept"):
+        assert [r.get(key) for r in rows] == pytest.approx(
+            [r.get(key) for r in read_rows(tmp_path / "one" / "rl" / "metrics.jsonl")], rel=1e-5
+        )
+    assert one.keys() == two.keys()
+    for key in one:
+        np.testing.assert_allclose(two[key], one[key], atol=1e-5, err_msg=key)
+
+
+CLI_SETS = [
+    "stages=[rft,rl]",
+    "task_subset=[builtin__roman-1]",
+    "model.preset=tiny",
+    "rft.samples_per_task=2",
+    "rl.iterations=3",
+    "rl.problems_per_iteration=1",
+    "rl.group_size=2",
+    "rl.trajectories_per_step=2",
+    "rollout.max_batch=1",
+    "env.max_parallel=1",
+    "rollout.max_new_tokens=16",
+    "agent.max_turns=3",
+    "rl.turn_penalty_threshold=2",
+    "eval.after_stage=false",
+]
+
+
+def _cli(run_dir: Path, tokenizer: Path, port: int, cache: Path, *extra: str) -> list[subprocess.Popen]:
+    sets = [*CLI_SETS, f"model.tokenizer={tokenizer}"]
+    args = [sys.executable, "-m", "jaxswe", "pipeline", "--config", str(ROOT / "configs" / "demo-cpu.yaml")]
+    args += ["--run-dir", str(run_dir), *[a for s in sets for a in ("--set", s)], *extra]
+    return [
+        subprocess.Popen(
+            [*args, "--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
+            env=_env(cache, 4),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+
+
+@pytest.mark.timeout(1800)
+def test_cli_two_processes_kill_one_then_resume_both(tmp_path):
+    """`jaxswe pipeline` (RFT then RL) as 2 processes; kill -9 of process 1 inside RL iteration 2,
+    then both restart with --resume: every iteration's row, trajectories and checkpoint exactly once,
+    written by process 0 alone."""
+    tok, run_dir, cache = tmp_path / "tok", tmp_path / "run", tmp_path / "xla"
+    toy_tokenizer(2, tok)
+    procs = _cli(run_dir, tok, _port(), cache)
+    metrics = run_dir / "rl" / "metrics.jsonl"
+    deadline = time.time() + 900
+    while time.time() < deadline and len(read_rows(metrics)) < 1:
+        assert all(p.poll() is None for p in procs), procs[0].communicate()[0][-3000:]
+        time.sleep(0.2)
+    time.sleep(0.3)  # inside iteration 2
+    procs[1].send_signal(signal.SIGKILL)
+    procs[1].wait()
+    procs[0].send_signal(signal.SIGKILL)  # what a launcher does once one process of a job died
+    procs[0].wait()
+    assert len(read_rows(metrics)) < 3
+    outs = _wait(_cli(run_dir, tok, _port(), cache, "--resume"))
+    assert all("resuming RL from iteration" in out for out in outs)
+    rows = read_rows(metrics)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    traj = sorted(p.name for p in (run_dir / "rl" / "trajectories").iterdir())
+    assert traj == [f"iter_{i:04d}.jsonl" for i in (1, 2, 3)]
+    steps = sorted(int(p.name) for p in (run_dir / "rl" / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps[-1] == 3
+    assert (run_dir / "rft" / "summary.json").is_file() and (run_dir / "rl" / "summary.json").is_file()
+    assert not list(run_dir.rglob("*.tmp"))
+
+
+@pytest.mark.timeout(1200)
+def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
+    """Each process writes only the files of its own layers (process 0 also the index and
+    config.json); transformers loads the one directory with the trainer's log-probs."""
+    import json
+
+    import jax
+    import jax.numpy as jnp
+    import torch
+    import transformers
+
+    from jaxswe.model import token_logprobs
+    from jaxswe.model.config import get_preset
+    from jaxswe.model.params import init_params
+
+    port = str(_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "mp_save_hf_child.py"), str(tmp_path), str(i), port],
+            env=_env(tmp_path / "xla", 4),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    _wait(procs, timeout=300)
+    written = [set(json.loads((tmp_path / f"written_{i}.json").read_text())) for i in range(2)]
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert written[0] and written[1] and not written[0] & written[1]
+    assert written[0] | written[1] == set(index.values())
+    assert all(
+        index[f"model.layers.1.{n}"] in written[1] for n in ("mlp.up_proj.weight", "self_attn.q_proj.bias")
+    )
+    assert index["model.embed_tokens.weight"] in written[0] and index["lm_head.weight"] in written[1]
+
+    config = get_preset("tiny", vocab_size=96, tie_word_embeddings=False, attention="dense")
+    params = jax.tree.map(
+        lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), init_params(config, jax.random.key(0))
+    )
+    model = transformers.Qwen2ForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
+    ids = np.random.default_rng(0).integers(0, 96, size=(2, 24))
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor(ids)).logits, -1).numpy()
+    ref = np.zeros(ids.shape)
+    ref[:, 1:] = np.take_along_axis(logp[:, :-1], ids[:, 1:, None], -1)[..., 0]
+    ours = np.asarray(token_logprobs(params, config, jnp.asarray(ids)))
+    np.testing.assert_allclose(ours, ref, atol=1e-4)

@@ -116,7 +116,9 @@ def test_sharded_logprobs_and_dapo_step_equal_unsharded(model, axes):
     state, metrics = step(init_train_state(sharded, opt, step.state_shardings), batch)
     want_loss, want_params = reference_dapo_update(cfg, params, batch, opt)
     np.testing.assert_allclose(metrics["loss"], want_loss, atol=1e-6)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), state.params, want_params)
+    # Adam's first update is lr * g / (|g| + eps): an element whose gradient is near eps (1e-8) moves
+    # by a fraction of lr that depends on the reduction order (seen: 1.1e-5 on 1 of 16384 elements).
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=3e-5), state.params, want_params)
     assert int(state.step) == 1 and float(metrics["tokens"]) == batch["loss_mask"].sum()
     assert set(metrics) >= {"loss", "grad_norm", "lr", "clip_fraction", "approx_kl", "entropy", "tokens"}
     assert 0 < float(metrics["clip_fraction"]) < 1 and float(metrics["approx_kl"]) > 0

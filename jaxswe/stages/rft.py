@@ -5,21 +5,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from jaxswe.config import RunConfig
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.stages.context import StageContext, ensure_backend
 from jaxswe.stages.episodes import load_episodes, save_episodes
 from jaxswe.stages.rl import rl_sampling
 from jaxswe.stages.rollouts import collect_episodes, run_phase
+from jaxswe.stages.runtime import Policy
 from jaxswe.stages.sft import run_sft
 from jaxswe.stages.trainer import Trainer
+
+
+def rft_trainer(cfg: RunConfig, policy: Policy) -> Trainer:
+    """The RFT trainer: fp32 masters and AdamW moments (model.param_dtype) at rft.lr."""
+    opt = cfg.optimizer.model_copy(update={"lr": cfg.rft.lr}) if cfg.rft.lr else cfg.optimizer
+    return Trainer(policy.model_cfg, policy.params, opt, mesh_cfg=cfg.mesh)
 
 
 def run_rft(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], Any]:
     """Returns the stage summary and the trained params."""
     cfg, stage_dir = ctx.cfg, ctx.stage_dir
-    opt = cfg.optimizer.model_copy(update={"lr": cfg.rft.lr}) if cfg.rft.lr else cfg.optimizer
-    trainer = Trainer(ctx.policy.model_cfg, ctx.policy.params, opt, mesh_cfg=ctx.cfg.mesh)
+    trainer = rft_trainer(cfg, ctx.policy)
     ckpts = Checkpoints(stage_dir / "checkpoints", max_to_keep=1)
     samples_path = stage_dir / "trajectories" / "samples.jsonl"
     if resume:

@@ -172,6 +172,11 @@ class RLSection(Section):
     tis_correction: bool = False  # truncated importance sampling for rollout/trainer gap
     tis_cap: float = Field(2.0, gt=0)
     entropy_coef: float = Field(0.0, ge=0)  # entropy bonus on trained tokens; not in DAPO, 0 = off
+    # sampling-bias alarm (jaxswe.rollout.bias): fires when trained tokens are this many nats/token
+    # less surprising than the trainer's entropy, at this z; stops the run unless bias_alarm_stop false
+    bias_alarm_nats: float = Field(0.01, ge=0)
+    bias_alarm_z: float = Field(4.0, gt=0)
+    bias_alarm_stop: bool = True
     seq_len: int = Field(65536, gt=0)
     rows_per_step: int | None = Field(None, gt=0)  # fixed [rows, seq_len] per optimizer step (one compile)
 

@@ -10,6 +10,7 @@ is one line naming the file and the key.
 from __future__ import annotations
 
 import copy
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,6 +55,12 @@ class OptimizerSection(Section):
     b2: float = Field(0.999, ge=0, lt=1)
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.1, ge=0)
+    # groups exempt from weight decay. Default: RMSNorm scales and q/k/v biases, as Megatron-LM and
+    # the transformers Trainer do (decay pulls a norm scale toward 0, i.e. shrinks activations, and
+    # regularizes nothing); embeddings are decayed like any matrix unless "embeddings" is listed.
+    decay_skip: list[Literal["norms", "biases", "embeddings"]] = Field(
+        default_factory=lambda: ["norms", "biases"]
+    )
     warmup_steps: int = Field(0, ge=0)
     schedule: Literal["cosine", "constant"] = "constant"
     total_steps: int | None = Field(None, gt=0)  # required for cosine
@@ -166,7 +173,9 @@ class RLSection(Section):
     resample_to_fill: bool = False
     max_resample_rounds: int = Field(0, ge=0)
     task_filter: Literal["none", "solved_fraction"] = "none"
-    drop_solved_fraction: float = Field(2 / 3, gt=0, le=1)
+    drop_solved_fraction: float | str = (
+        "2/3"  # exact: "2/3" or a number (nearest fraction, denominator <= 100)
+    )
     drop_never_solved: bool = True
     history_from: str | None = None  # run dir whose success history feeds the task filter
     tis_correction: bool = False  # truncated importance sampling for rollout/trainer gap
@@ -179,6 +188,18 @@ class RLSection(Section):
     bias_alarm_stop: bool = True
     seq_len: int = Field(65536, gt=0)
     rows_per_step: int | None = Field(None, gt=0)  # fixed [rows, seq_len] per optimizer step (one compile)
+
+    @model_validator(mode="after")
+    def _fraction_in_range(self) -> RLSection:
+        try:
+            value = Fraction(str(self.drop_solved_fraction))
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(
+                f"drop_solved_fraction {self.drop_solved_fraction!r} is not a fraction"
+            ) from None
+        if not 0 < value <= 1:
+            raise ValueError(f"drop_solved_fraction must be in (0, 1], got {self.drop_solved_fraction}")
+        return self
 
 
 class EvalSection(Section):

@@ -249,7 +249,7 @@ async def _iteration(setup: RLSetup, sampling: SamplingParams, order: DataOrder,
     timings["time_weight_sync_s"] = time.perf_counter() - t0
     history = record_outcomes(
         history,
-        {g[0].task_id: [e.resolved for e in g if e.infra_error is None] for g in groups},
+        [(g[0].task_id, [e.resolved for e in g if e.infra_error is None]) for g in groups],
     )
     generated = sum(e.num_generated for e in all_eps)
     flat_rewards = [r for g, rg in zip(groups, rewards, strict=True) for e, r in zip(g, rg, strict=True)

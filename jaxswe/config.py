@@ -131,6 +131,8 @@ class AgentSection(Section):
     max_context_tokens: int = Field(65536, gt=0)
     window_lines: int = Field(100, gt=0)
     demonstration: bool = False  # one-shot demo in the prompt (first RFT round only)
+    # the paper trains without it: episodes keep the demo-free prompt unless this is set
+    demonstration_in_trained_prompt: bool = False
 
 
 class SFTSection(Section):
@@ -138,8 +140,9 @@ class SFTSection(Section):
 
     epochs: float = Field(1.0, gt=0)
     batch_size: int = Field(64, gt=0)  # trajectories per optimizer step
-    max_steps: int | None = Field(None, gt=0)
+    max_steps: int | None = Field(None, gt=0)  # cap; the paper's RFT "50 steps" is max_steps: 50
     seq_len: int = Field(65536, gt=0)  # packed row length
+    checkpoint_every: int | None = Field(25, gt=0)  # RFT: Orbax checkpoint every N steps (resumable)
 
 
 class WarmStartSection(Section):

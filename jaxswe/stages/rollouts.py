@@ -102,11 +102,13 @@ async def collect_episodes(
     agent: AgentSection,
     *,
     concurrency: int = 8,
+    on_done: Callable[[int, Episode], None] | None = None,
 ) -> tuple[list[Episode], float]:
     """Run one episode per entry of `task_ids` (repeat an id for a group), all in flight at once.
 
-    Returns the episodes in input order and the wall time. An environment that cannot even be
-    built counts as an infrastructure failure of that episode.
+    Returns the episodes in input order and the wall time; `on_done(index, episode)` is called as
+    each one finishes (to stream them to disk). An environment that cannot even be built counts as
+    an infrastructure failure of that episode.
     """
     from jaxswe.agent.loop import run_episodes
 
@@ -120,6 +122,9 @@ async def collect_episodes(
             failures[i] = f"{type(err).__name__}: {err}"
             envs.append(None)
     live = [e for e in envs if e is not None]
+    live_index = [i for i, e in enumerate(envs) if e is not None]
+    for i in failures if on_done else ():
+        on_done(i, _failed(task_ids[i], failures[i]))
     trajs = await run_episodes(
         live,
         engine,
@@ -128,12 +133,16 @@ async def collect_episodes(
         max_turns=agent.max_turns,
         max_context_tokens=agent.max_context_tokens,
         concurrency=concurrency,
+        on_done=None
+        if on_done is None
+        else lambda j, traj: on_done(live_index[j], from_trajectory(task_ids[live_index[j]], traj)),
     )
     it = iter(trajs)
     episodes = []
     for i, task in enumerate(task_ids):
-        if i in failures:
-            episodes.append(Episode(task, [], [], [], [], 0, "error", False, infra_error=failures[i]))
-        else:
-            episodes.append(from_trajectory(task, next(it)))
+        episodes.append(_failed(task, failures[i]) if i in failures else from_trajectory(task, next(it)))
     return episodes, time.perf_counter() - start
+
+
+def _failed(task: str, error: str) -> Episode:
+    return Episode(task, [], [], [], [], 0, "error", False, infra_error=error)

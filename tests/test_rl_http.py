@@ -1,6 +1,6 @@
 """One RL iteration of `jaxswe rl` on built-in tasks in the local sandbox, against the embedded
-server over HTTP (`jaxswe serve` in a subprocess): every artifact is written and the server is
-handed the new weights."""
+server over HTTP (`jaxswe serve` in a subprocess): at least one group trains, the weights change
+and the server is handed them, the metrics are finite, and every artifact is written."""
 
 import json
 import os
@@ -12,13 +12,14 @@ import urllib.request
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 import yaml
 
 from envs.builtin import BUILTIN_DIR
 from jaxswe.cli import main
 from jaxswe.model.config import get_preset
-from jaxswe.model.hf_io import save_hf
+from jaxswe.model.hf_io import load_hf, save_hf
 from jaxswe.model.params import init_params
 from jaxswe.tokenizer import build_tokenizer
 
@@ -60,9 +61,35 @@ def model_dir(tmp_path, task_root):
     out = tmp_path / "model"
     tok = build_tokenizer(texts, 512, out)
     cfg = get_preset("tiny", vocab_size=-(-len(tok) // 64) * 64, attention="dense")
-    save_hf(out, cfg, init_params(cfg, jax.random.key(0)))
+    save_hf(out, cfg, _submit_or_look(cfg, tok))
     tok.save_pretrained(str(out))
     return out
+
+
+def _submit_or_look(cfg, tok):
+    """A tiny model SFT'd to answer a turn with `submit` or `ls` about equally often: in a group,
+    episodes then end after 1 or 2 turns, the turn penalty (threshold 1) tells them apart, and
+    groups are informative although no patch resolves its task."""
+    from jaxswe.config import OptimizerSection
+    from jaxswe.stages.trainer import Trainer
+
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    head = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    replies = [tok.encode(f"```\n{c}\n```", add_special_tokens=False) + [eot] for c in ("submit", "ls")]
+    rng = np.random.default_rng(0)
+    rows, mask = [], []
+    for i in range(16):
+        context = rng.integers(0, len(tok), 40).tolist() + head
+        row = context + replies[i % 2]
+        rows.append(row + [0] * (64 - len(row)))
+        mask.append([0] * len(context) + [1] * len(replies[i % 2]) + [0] * (64 - len(row)))
+    ids = np.asarray(rows, np.int32)
+    batch = {"input_ids": ids, "positions": np.tile(np.arange(64, dtype=np.int32), (16, 1)),
+             "segment_ids": np.ones_like(ids), "loss_mask": np.asarray(mask, np.float32)}  # fmt: skip
+    trainer = Trainer(cfg, init_params(cfg, jax.random.key(0)), OptimizerSection(lr=1e-2, weight_decay=0.0))
+    for _ in range(40):
+        trainer.sft_update(batch)
+    return jax.device_get(trainer.params)
 
 
 @pytest.mark.slow
@@ -109,7 +136,7 @@ def test_one_rl_iteration_over_http(tmp_path, task_root, model_dir):
                     "rl": {
                         "iterations": 1,
                         "problems_per_iteration": 2,
-                        "group_size": 2,
+                        "group_size": 4,
                         "seq_len": 1024,
                         "turn_penalty_threshold": 1,
                     },
@@ -119,16 +146,25 @@ def test_one_rl_iteration_over_http(tmp_path, task_root, model_dir):
         run_dir = tmp_path / "run"
         main(["rl", "--config", str(config), "--run-dir", str(run_dir)])  # raises SystemExit on error
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        assert [r["step"] for r in rows] == [1] and rows[0]["episodes"] == 4
+        assert [r["step"] for r in rows] == [1] and rows[0]["episodes"] == 8
+        row = rows[0]
+        assert row["groups_kept"] >= 1 and row["trajectories_trained"] >= 4 and row["optimizer_steps"] >= 1
+        assert all(np.isfinite(v) for v in row.values() if isinstance(v, float))
+        assert row["sampling_bias_alarm"] == 0 and row["logprob_gap_max_abs"] < 1e-3
         for key in ("reward_mean", "pass_rate", "mean_turns", "submit_ratio", "groups_kept", "time_rollout_s",
                     "time_weight_sync_s", "tokens_per_s"):  # fmt: skip
             assert key in rows[0]
         assert (run_dir / "config.yaml").is_file() and (run_dir / "summary.json").is_file()
         assert list((run_dir / "tb").glob("events.out.tfevents.*"))
-        assert len((run_dir / "trajectories" / "iter_0001.jsonl").read_text().splitlines()) == 4
+        assert len((run_dir / "trajectories" / "iter_0001.jsonl").read_text().splitlines()) == 8
         assert (run_dir / "checkpoints" / "1").is_dir()
         assert (run_dir / "plots" / "rl_curves.png").is_file()
         assert (run_dir / "weights" / "config.json").is_file()  # exported for the server
+        before, after = (load_hf(d, dtype="float32")[1] for d in (model_dir, run_dir / "weights"))
+        assert any(
+            not np.array_equal(a, b)
+            for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True)
+        )
         with urllib.request.urlopen(url + "/get_model_info", timeout=10) as r:
             info = json.loads(r.read())
         assert str(run_dir / "weights") in json.dumps(info)

@@ -107,7 +107,7 @@ def test_one_rl_iteration_over_http(tmp_path, task_root, model_dir):
             "--port",
             str(port),
             "--max-context",
-            "1024",
+            "2048",
             "--max-batch",
             "4",
         ],  # fmt: skip
@@ -129,15 +129,15 @@ def test_one_rl_iteration_over_http(tmp_path, task_root, model_dir):
                         "attention": "dense",
                         "remat": "none",
                     },
-                    "rollout": {"engine": "http", "urls": [url], "max_new_tokens": 8},
+                    "rollout": {"engine": "http", "urls": [url], "max_new_tokens": 16},
                     "env": {"tasks": str(task_root), "backend": "local", "max_parallel": 4},
-                    "agent": {"max_turns": 2, "max_context_tokens": 1024},
+                    "agent": {"max_turns": 2, "max_context_tokens": 2048},
                     "optimizer": {"lr": 1e-3},
                     "rl": {
                         "iterations": 1,
                         "problems_per_iteration": 2,
                         "group_size": 4,
-                        "seq_len": 1024,
+                        "seq_len": 2048,
                         "turn_penalty_threshold": 1,
                     },
                 }

@@ -28,7 +28,8 @@ def _same(a, b):
 
 
 def test_rft_rl_stage2_handoff(tmp_path):
-    cfg = toy_config(rft={"samples_per_task": 4}, rl={"iterations": 1})
+    fp32 = {"dtype": "float32", "remat": "none"}  # stages compute like the toy policy, in float32
+    cfg = toy_config(model=fp32, rft={"samples_per_task": 4}, rl={"iterations": 1})
     policy, tok = toy_policy(tmp_path, NV)
 
     # RFT from the random policy: sample, keep resolved, SFT, checkpoint.
@@ -51,7 +52,9 @@ def test_rft_rl_stage2_handoff(tmp_path):
     ) * 64 - sum(r["infra_failures"] for r in read_rows(tmp_path / "rl1" / "metrics.jsonl"))
 
     # RL stage 2: own config, stage-1 checkpoint, filtered pool from stage 1's history.
-    cfg2 = toy_config(rl={"iterations": 1, "task_filter": "solved_fraction", "drop_never_solved": False})
+    cfg2 = toy_config(
+        model=fp32, rl={"iterations": 1, "task_filter": "solved_fraction", "drop_never_solved": False}
+    )
     p2 = policy_from_checkpoint(cfg2, tmp_path / "rl1")
     # stage 1 sampled with the RFT weights it was handed (they reproduce its rollout log-probs)
     # and handed on the weights it trained to (changed iff it took an optimizer step)

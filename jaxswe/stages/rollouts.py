@@ -123,8 +123,9 @@ async def collect_episodes(
             envs.append(None)
     live = [e for e in envs if e is not None]
     live_index = [i for i, e in enumerate(envs) if e is not None]
-    for i in failures if on_done else ():
-        on_done(i, _failed(task_ids[i], failures[i]))
+    if on_done is not None:
+        for i, error in failures.items():
+            on_done(i, _failed(task_ids[i], error))
     trajs = await run_episodes(
         live,
         engine,

@@ -10,6 +10,7 @@ is one line naming the file and the key.
 from __future__ import annotations
 
 import copy
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,6 +55,12 @@ class OptimizerSection(Section):
     b2: float = Field(0.999, ge=0, lt=1)
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.1, ge=0)
+    # groups exempt from weight decay. Default: RMSNorm scales and q/k/v biases, as Megatron-LM and
+    # the transformers Trainer do (decay pulls a norm scale toward 0, i.e. shrinks activations, and
+    # regularizes nothing); embeddings are decayed like any matrix unless "embeddings" is listed.
+    decay_skip: list[Literal["norms", "biases", "embeddings"]] = Field(
+        default_factory=lambda: ["norms", "biases"]
+    )
     warmup_steps: int = Field(0, ge=0)
     schedule: Literal["cosine", "constant"] = "constant"
     total_steps: int | None = Field(None, gt=0)  # required for cosine
@@ -130,6 +137,8 @@ class AgentSection(Section):
     max_context_tokens: int = Field(65536, gt=0)
     window_lines: int = Field(100, gt=0)
     demonstration: bool = False  # one-shot demo in the prompt (first RFT round only)
+    # the paper trains without it: episodes keep the demo-free prompt unless this is set
+    demonstration_in_trained_prompt: bool = False
 
 
 class SFTSection(Section):
@@ -137,8 +146,9 @@ class SFTSection(Section):
 
     epochs: float = Field(1.0, gt=0)
     batch_size: int = Field(64, gt=0)  # trajectories per optimizer step
-    max_steps: int | None = Field(None, gt=0)
+    max_steps: int | None = Field(None, gt=0)  # cap; the paper's RFT "50 steps" is max_steps: 50
     seq_len: int = Field(65536, gt=0)  # packed row length
+    checkpoint_every: int | None = Field(25, gt=0)  # RFT: Orbax checkpoint every N steps (resumable)
 
 
 class WarmStartSection(Section):
@@ -172,14 +182,33 @@ class RLSection(Section):
     resample_to_fill: bool = False
     max_resample_rounds: int = Field(0, ge=0)
     task_filter: Literal["none", "solved_fraction"] = "none"
-    drop_solved_fraction: float = Field(2 / 3, gt=0, le=1)
+    drop_solved_fraction: float | str = (
+        "2/3"  # exact: "2/3" or a number (nearest fraction, denominator <= 100)
+    )
     drop_never_solved: bool = True
     history_from: str | None = None  # run dir whose success history feeds the task filter
     tis_correction: bool = False  # truncated importance sampling for rollout/trainer gap
     tis_cap: float = Field(2.0, gt=0)
     entropy_coef: float = Field(0.0, ge=0)  # entropy bonus on trained tokens; not in DAPO, 0 = off
+    # sampling-bias alarm (jaxswe.rollout.bias): fires when trained tokens are this many nats/token
+    # less surprising than the trainer's entropy, at this z; stops the run unless bias_alarm_stop false
+    bias_alarm_nats: float = Field(0.01, ge=0)
+    bias_alarm_z: float = Field(4.0, gt=0)
+    bias_alarm_stop: bool = True
     seq_len: int = Field(65536, gt=0)
     rows_per_step: int | None = Field(None, gt=0)  # fixed [rows, seq_len] per optimizer step (one compile)
+
+    @model_validator(mode="after")
+    def _fraction_in_range(self) -> RLSection:
+        try:
+            value = Fraction(str(self.drop_solved_fraction))
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(
+                f"drop_solved_fraction {self.drop_solved_fraction!r} is not a fraction"
+            ) from None
+        if not 0 < value <= 1:
+            raise ValueError(f"drop_solved_fraction must be in (0, 1], got {self.drop_solved_fraction}")
+        return self
 
 
 class EvalSection(Section):

@@ -3,7 +3,7 @@ and gradient accumulation over micro-batches."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import chex
@@ -33,10 +33,36 @@ def make_schedule(cfg: OptimizerSection) -> optax.Schedule:
     )
 
 
+# Parameter groups `optimizer.decay_skip` can exempt from weight decay (names of the model's leaves).
+DECAY_GROUPS = {
+    "norms": frozenset({"attn_norm", "mlp_norm", "final_norm"}),
+    "biases": frozenset({"bq", "bk", "bv"}),
+    "embeddings": frozenset({"embed", "lm_head"}),
+}
+
+
+def decay_mask(skip: Sequence[str]) -> Callable[[Any], Any]:
+    """params -> pytree of bools, True where AdamW's weight decay applies (not in `skip`'s groups)."""
+    skipped = frozenset().union(*(DECAY_GROUPS[g] for g in skip))
+
+    def mask(params: Any) -> Any:
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: getattr(path[-1], "key", None) not in skipped, params
+        )
+
+    return mask
+
+
 def make_optimizer(cfg: OptimizerSection) -> optax.GradientTransformation:
-    """Global-norm clipping (if set) followed by AdamW with the schedule above."""
+    """Global-norm clipping (if set) followed by AdamW with the schedule above; weight decay skips
+    the parameter groups in `cfg.decay_skip`."""
     adamw = optax.adamw(
-        learning_rate=make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay
+        learning_rate=make_schedule(cfg),
+        b1=cfg.b1,
+        b2=cfg.b2,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        mask=decay_mask(cfg.decay_skip) if cfg.decay_skip else None,
     )
     if cfg.grad_clip is None:
         return adamw

@@ -144,3 +144,37 @@ def test_from_config_reads_agent_and_env_sections():
     env = SWEEnv.from_config(TASKS[0], config)
     assert (env.window_lines, env.command_timeout_s, env.backend) == (33, 5, "local")
     assert "33 lines" in env.system_prompt
+
+
+@pytest.mark.parametrize("in_trained_prompt", [False, True])
+def test_demonstration_is_sampled_with_but_not_trained_on(tok, in_trained_prompt):
+    """The one-shot demo is in the prompt the model samples with; the episode RFT trains on starts
+    with the demo-free prompt (unless agent.demonstration_in_trained_prompt) and then holds the very
+    same turns, token for token."""
+    from jaxswe.agent.trajectory import ChatFormat
+    from jaxswe.stages.episodes import from_trajectory
+
+    task = TASKS[0]
+    router = ScriptRouter(tok, {task.problem_statement.strip(): [SUBMIT]})
+    env = SWEEnv(task, demonstration=True, demonstration_in_trained_prompt=in_trained_prompt)
+    (traj,) = asyncio.run(
+        run_episodes([env], router, tok, sampling=SAMPLING, max_turns=3, max_context_tokens=16384)
+    )
+    demo = env.prompts.demonstration.strip()
+    assert demo and demo[:40] in tok.decode(traj.input_ids[: traj.prompt_len])
+    episode = from_trajectory(task.instance_id, traj)
+    if in_trained_prompt:
+        assert episode.input_ids == traj.input_ids and "trained_prompt_ids" not in traj.metadata
+        return
+    chat = ChatFormat.from_tokenizer(tok)
+    plain = SWEEnv(task).prompts.instance
+    assert "{demonstration}" in plain
+    head = traj.metadata["trained_prompt_ids"]
+    assert head == chat.prompt_ids(env.system_prompt, env.trained_first_message)
+    assert demo[:40] not in tok.decode(head)
+    assert episode.input_ids == head + traj.input_ids[traj.prompt_len :]
+    n = len(head)
+    assert episode.sft_mask[:n] == [0] * n and episode.sft_mask[n:] == list(
+        traj.rft_loss_mask()[traj.prompt_len :]
+    )
+    assert sum(episode.loss_mask) == sum(traj.loss_mask) > 0

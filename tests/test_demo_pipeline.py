@@ -4,12 +4,16 @@ one RL iteration: every stage runs in order, hands its checkpoint on, and writes
 import json
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jaxswe.cli import main
 from jaxswe.config import load_config
+from jaxswe.model import token_logprobs
 from jaxswe.stages.context import check_inputs
-from jaxswe.stages.runtime import env_factory
+from jaxswe.stages.runtime import env_factory, policy_from_checkpoint
 from jaxswe.stages.warmstart import CORPUS_WORKDIR, corpus_texts
 
 CONFIG = Path(__file__).parents[1] / "configs" / "demo-cpu.yaml"
@@ -38,6 +42,7 @@ def test_demo_pipeline_shrunk(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [s["name"] for s in summary["stages"]] == ["warmstart", "rft", "rl", "eval"]
     assert all(0.0 <= s["pass_at_1"] <= 1.0 for s in summary["stages"])
+    assert all(np.isfinite(s["pass_at_1"]) for s in summary["stages"])
     for stage in ("warmstart", "rft", "rl", "eval"):
         d = run_dir / stage
         for name in ("config.yaml", "metrics.jsonl", "summary.json", "model.json"):
@@ -46,10 +51,32 @@ def test_demo_pipeline_shrunk(tmp_path):
         assert list(d.rglob("events.out.tfevents.*"))
     for stage in ("warmstart", "rft", "rl"):
         assert any(p.name.isdigit() for p in (run_dir / stage / "checkpoints").iterdir())
-    # each stage started from the previous one: all name the tokenizer the warm start built
-    tok = json.loads((run_dir / "warmstart" / "model.json").read_text())["tokenizer"]
-    assert json.loads((run_dir / "rl" / "model.json").read_text())["tokenizer"] == tok
     assert json.loads((run_dir / "warmstart" / "summary.json").read_text())["demonstrations"] == 2
+    # each stage trained and handed its weights on: RFT moved the warm start's weights iff it took
+    # an SFT step; RL's weights are one iteration from RFT's (not from the warm start's)
+    cfg = load_config(CONFIG, SHRINK)
+    params = {
+        s: jax.device_get(policy_from_checkpoint(cfg, run_dir / s).params) for s in ("warmstart", "rft", "rl")
+    }
+    rft, rl = (json.loads((run_dir / s / "summary.json").read_text()) for s in ("rft", "rl"))
+    rl_row = json.loads((run_dir / "rl" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert all(np.isfinite(v) for v in rl_row.values() if isinstance(v, float))
+    assert (_distance(params["warmstart"], params["rft"]) > 0) == (rft["sft_steps"] > 0)
+    assert (_distance(params["rft"], params["rl"]) > 0) == (rl_row["optimizer_steps"] > 0)
+    # RL sampled its first iteration with RFT's weights: they reproduce its rollout log-probs
+    model_cfg = policy_from_checkpoint(cfg, run_dir / "rft").model_cfg
+    episode = json.loads((run_dir / "rl" / "trajectories" / "iter_0001.jsonl").read_text().splitlines()[0])
+    ids, mask = np.asarray([episode["input_ids"]]), np.asarray([episode["loss_mask"]]) > 0
+    for stage, expect in (("rft", True), ("warmstart", rft["sft_steps"] == 0)):
+        logp = np.asarray(token_logprobs(params[stage], model_cfg, jnp.asarray(ids)))
+        gap = np.abs(logp[mask] - np.asarray([episode["rollout_logprobs"]])[mask]).max()
+        assert (gap < 1e-3) == expect, (stage, gap)
+
+
+def _distance(a, b) -> float:
+    """Largest absolute difference between two param pytrees."""
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(
+        jax.tree.leaves(a), jax.tree.leaves(b), strict=True))  # fmt: skip
 
 
 def test_demo_tokenizer_corpus_is_reproducible():

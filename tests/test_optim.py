@@ -97,3 +97,25 @@ def test_micro_batched_aux_equals_full_batch_aux(num_micro):
     assert set(aux) == set(ref)
     for key in ref:
         np.testing.assert_allclose(aux[key], ref[key], rtol=1e-5, atol=1e-7, err_msg=key)
+
+
+@pytest.mark.parametrize("skip", [["norms", "biases"], [], ["norms", "biases", "embeddings"]])
+def test_weight_decay_skips_the_configured_groups(skip):
+    """With zero gradients one AdamW step only decays: w -> w * (1 - lr * wd) where decay applies."""
+    from jaxswe.model import get_preset, init_params
+
+    cfg = get_preset("tiny", tie_word_embeddings=False)
+    params = jax.tree.map(lambda x: x + 0.5, init_params(cfg, jax.random.key(0)))
+    opt = make_optimizer(OptimizerSection(lr=0.1, weight_decay=0.5, decay_skip=skip, grad_clip=None))
+    updates, _ = opt.update(jax.tree.map(jnp.zeros_like, params), opt.init(params), params)
+    new = optax.apply_updates(params, updates)
+    skipped = {"norms": {"attn_norm", "mlp_norm", "final_norm"}, "biases": {"bq", "bk", "bv"},
+               "embeddings": {"embed", "lm_head"}}  # fmt: skip
+    names = set().union(*(skipped[g] for g in skip))
+    pairs = zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(new), strict=True)
+    for (path, old), got in pairs:
+        name = path[-1].key
+        np.testing.assert_allclose(
+            got, old if name in names else old * (1 - 0.1 * 0.5), rtol=1e-6, err_msg=name
+        )
+    assert OptimizerSection().decay_skip == ["norms", "biases"]

@@ -39,3 +39,17 @@ def test_stage2_filter():
     assert counts == {"kept": 2, "dropped_solved": 1, "dropped_never_solved": 1}
     kept, _ = filter_by_history(["easy", "hard"], h, drop_never_solved=False)
     assert kept == ["hard"]
+
+
+def test_filter_compares_fractions_exactly():
+    """2 of 3 solved is dropped at the paper's 2/3 however the threshold is written (0.6667 is the
+    nearest fraction with a small denominator, i.e. exactly 2/3; float 2/3 is below 2/3 by 1 ulp)."""
+    history = {"two_of_three": [1, 1, 0], "four_of_six": [1, 0, 1, 0, 1, 1], "one_of_two": [1, 0]}
+    for threshold in ("2/3", 2 / 3, 0.6667):
+        kept, counts = filter_by_history(list(history), history, drop_solved_fraction=threshold)
+        assert kept == ["one_of_two"] and counts["dropped_solved"] == 2, threshold
+
+
+def test_a_task_drawn_twice_keeps_both_groups_outcomes():
+    h = record_outcomes({"a": [0]}, [("a", [True, False]), ("b", [False]), ("a", [True])])
+    assert h == {"a": [0, 1, 0, 1], "b": [0]}

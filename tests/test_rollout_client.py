@@ -111,6 +111,12 @@ def test_5xx_is_retried_and_sampling_params_are_explicit():
         "min_p": 0.0,
         "max_new_tokens": 2,
         "stop_token_ids": [],
+        "repetition_penalty": 1.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "min_new_tokens": 0,
+        "n": 1,
+        "ignore_eos": False,
     }
     assert seen[-1]["return_logprob"] is True
 

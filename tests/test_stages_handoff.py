@@ -4,9 +4,11 @@
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from rl_toy_helpers import toy_config, toy_context, toy_policy
 
+from jaxswe.model import token_logprobs
 from jaxswe.run.metrics import read_rows
 from jaxswe.stages.episodes import load_episodes
 from jaxswe.stages.rft import run_rft
@@ -26,7 +28,8 @@ def _same(a, b):
 
 
 def test_rft_rl_stage2_handoff(tmp_path):
-    cfg = toy_config(rft={"samples_per_task": 4}, rl={"iterations": 1})
+    fp32 = {"dtype": "float32", "remat": "none"}  # stages compute like the toy policy, in float32
+    cfg = toy_config(model=fp32, rft={"samples_per_task": 4}, rl={"iterations": 1})
     policy, tok = toy_policy(tmp_path, NV)
 
     # RFT from the random policy: sample, keep resolved, SFT, checkpoint.
@@ -49,8 +52,19 @@ def test_rft_rl_stage2_handoff(tmp_path):
     ) * 64 - sum(r["infra_failures"] for r in read_rows(tmp_path / "rl1" / "metrics.jsonl"))
 
     # RL stage 2: own config, stage-1 checkpoint, filtered pool from stage 1's history.
-    cfg2 = toy_config(rl={"iterations": 1, "task_filter": "solved_fraction", "drop_never_solved": False})
+    cfg2 = toy_config(
+        model=fp32, rl={"iterations": 1, "task_filter": "solved_fraction", "drop_never_solved": False}
+    )
     p2 = policy_from_checkpoint(cfg2, tmp_path / "rl1")
+    # stage 1 sampled with the RFT weights it was handed (they reproduce its rollout log-probs)
+    # and handed on the weights it trained to (changed iff it took an optimizer step)
+    row1 = read_rows(tmp_path / "rl1" / "metrics.jsonl")[-1]
+    assert _same(p2.params, p1.params) == (row1["optimizer_steps"] == 0)
+    assert all(np.isfinite(v) for v in row1.values() if isinstance(v, float))
+    ep = load_episodes(tmp_path / "rl1" / "trajectories" / "iter_0001.jsonl")[0]
+    logp = np.asarray(token_logprobs(p1.params, p1.model_cfg, jnp.asarray([ep.input_ids])))[0]
+    mask = np.asarray(ep.loss_mask) > 0
+    np.testing.assert_allclose(logp[mask], np.asarray(ep.rollout_logprobs)[mask], atol=1e-4)
     ctx2 = toy_context(cfg2, tmp_path / "rl2", p2, tok, NV, seed=2)
     expected, counts = filter_by_history(ctx2.task_ids, history, drop_never_solved=False)
     s2 = run_rl_stage(ctx2, history_from=str(tmp_path / "rl1"), resume=False)

@@ -85,6 +85,9 @@ async def run_episode(
         prompt = chat.prompt_ids(system, first_message)
         traj.append(prompt, trained=False)
         traj.prompt_len = len(prompt)
+        trained_first = getattr(env, "trained_first_message", None)
+        if trained_first is not None:  # sampled with a demonstration, trained without it
+            traj.metadata["trained_prompt_ids"] = chat.prompt_ids(system, trained_first)
         while traj.ended_by is None:
             budget = max_context_tokens - len(traj.input_ids) - 1  # keep room for a closing end-of-turn
             if budget < 1:

@@ -14,6 +14,7 @@ rejects is an observation, a patch that breaks test_patch or tampers with gradin
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,7 @@ class SWEEnv:
         command_timeout_s: float = 60.0,
         output_limit_chars: int = 8000,
         demonstration: bool = False,
+        demonstration_in_trained_prompt: bool = False,
         sandbox_limits: dict[str, Any] | None = None,
     ) -> None:
         self.task = task
@@ -56,6 +58,9 @@ class SWEEnv:
         self.command_timeout_s = command_timeout_s
         self.output_limit_chars = output_limit_chars
         self.demonstration = demonstration
+        self.demonstration_in_trained_prompt = demonstration_in_trained_prompt
+        # the first message as trained on, when it differs from the one sampled with (the demo)
+        self.trained_first_message: str | None = None
         self.system_prompt = render(self.prompts.system, window_lines=window_lines)
         self.sandbox: SandboxLike | None = None
         self.scaffold: Scaffold | None = None
@@ -74,6 +79,7 @@ class SWEEnv:
             "command_timeout_s": config.env.command_timeout_s,
             "output_limit_chars": config.env.output_limit_chars,
             "demonstration": config.agent.demonstration,
+            "demonstration_in_trained_prompt": config.agent.demonstration_in_trained_prompt,
         }
         if config.env.backend == "docker":
             kwargs["sandbox_limits"] = {
@@ -110,12 +116,15 @@ class SWEEnv:
         except BaseException:
             self.close()
             raise
-        return render(
+        first = functools.partial(
+            render,
             self.prompts.instance,
             problem_statement=self.task.problem_statement.strip(),
             workdir=self.sandbox.workdir,
-            demonstration=self.prompts.demonstration if self.demonstration else "",
         )
+        if self.demonstration and self.prompts.demonstration and not self.demonstration_in_trained_prompt:
+            self.trained_first_message = first(demonstration="")
+        return first(demonstration=self.prompts.demonstration if self.demonstration else "")
 
     def step(self, action_text: str) -> Step:
         if self.scaffold is None or self.sandbox is None:

@@ -147,6 +147,18 @@ class Qwen2Config:
     def replace(self, **changes: Any) -> Qwen2Config:
         return dataclasses.replace(self, **changes)
 
+    def with_context(
+        self, max_position_embeddings: int, rope_scaling: Mapping[str, Any] | None = None
+    ) -> Qwen2Config:
+        """This model at another context length and, when `rope_scaling` is given, another RoPE
+        scaling (a Hugging Face dict; {"rope_type": "default"} removes it). A YaRN dict without
+        original_max_position_embeddings takes this config's max_position_embeddings (the context
+        the weights were trained at), not the new one."""
+        rope = self.rope_scaling
+        if rope_scaling is not None:
+            rope = parse_rope_scaling(rope_scaling, self.max_position_embeddings)
+        return self.replace(max_position_embeddings=int(max_position_embeddings), rope_scaling=rope)
+
     @classmethod
     def from_hf_dict(cls, hf: Mapping[str, Any], **runtime: Any) -> Qwen2Config:
         """Build from a Hugging Face config.json dict (`rope_scaling` or transformers 5 `rope_parameters`)."""

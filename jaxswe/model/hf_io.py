@@ -157,7 +157,9 @@ class _TensorFiles:
 
 
 def read_hf_config(path: str | Path, **runtime: Any) -> Qwen2Config:
-    """The Qwen2Config of a Hugging Face directory's config.json (runtime knobs from kwargs)."""
+    """The Qwen2Config of a Hugging Face directory's config.json; `runtime` sets the runtime knobs
+    (dtype = compute dtype, param_dtype, remat, ...), which config.json never holds. The file's
+    `torch_dtype` is only how the weights are stored: it sets neither dtype."""
     file = Path(path) / "config.json"
     if not file.is_file():
         raise WeightsError(f"{path}: no config.json (not a Hugging Face model directory)")
@@ -220,7 +222,8 @@ def _resolve_shardings(config, mesh, shardings, rules):
 def load_hf(
     path: str | Path,
     *,
-    dtype=jnp.float32,
+    dtype: Any = jnp.float32,
+    param_dtype: Any = None,
     mesh: Mesh | None = None,
     shardings: Any | Callable[[Qwen2Config], Any] | None = None,
     rules: Rules | None = None,
@@ -228,16 +231,21 @@ def load_hf(
 ) -> tuple[Qwen2Config, Params]:
     """(config, params) from a Hugging Face Qwen2 directory.
 
+    `dtype` is the compute dtype (`config.dtype`); `param_dtype` is the dtype of the returned
+    arrays (`config.param_dtype`), `dtype` when not given. Neither depends on the checkpoint's
+    stored dtype: a bf16 checkpoint loaded with `dtype=jnp.float32` is float32 arrays computing in
+    float32; training loads `dtype=bfloat16, param_dtype=float32` (bf16 compute, fp32 masters).
     Each array is created with its sharding: `shardings` (a pytree of Shardings like the params,
     or a function of the config returning one), else, with a mesh, `rules` (logical axis -> mesh
     axes, applied to param_logical_axes), else replicated on the mesh; with neither the arrays
-    go to the default device. `runtime` sets Qwen2Config runtime knobs (dtype, ...).
+    go to the default device. `runtime` sets the other Qwen2Config runtime knobs.
     """
     path = Path(path)
-    runtime.setdefault("param_dtype", jnp.dtype(dtype).name)
-    config = read_hf_config(path, **runtime)
+    dtype = jnp.dtype(dtype).name
+    param_dtype = jnp.dtype(param_dtype if param_dtype is not None else dtype).name
+    config = read_hf_config(path, dtype=dtype, param_dtype=param_dtype, **runtime)
     files = _TensorFiles(path)
-    np_dtype = np.dtype(jnp.dtype(dtype))
+    np_dtype = np.dtype(jnp.dtype(param_dtype))
     mappings, shapes = _mappings(config), param_shapes(config)
     placement = _resolve_shardings(config, mesh, shardings, rules)
     is_map = lambda x: isinstance(x, _Mapping)

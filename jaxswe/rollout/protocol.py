@@ -61,11 +61,24 @@ class GenerateRequest:
     rid: str | None = None
 
 
+# Sent on every request at their neutral values, so a server's preferred sampling params
+# (SGLang fills what a request leaves out from the model's generation_config) cannot apply.
+NEUTRAL_SENT: dict[str, Any] = {
+    "repetition_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "min_new_tokens": 0,
+    "n": 1,
+    "ignore_eos": False,
+}
+
+
 def sampling_params_to_json(params: SamplingParams) -> dict[str, Any]:
-    """Every sampling parameter, explicitly (the server must not fill in defaults)."""
+    """Every sampling parameter, explicitly (the server must not fill in defaults): ours, and the
+    penalties and the rest of `NEUTRAL_SENT` at their neutral values."""
     out = dataclasses.asdict(params)
     out["stop_token_ids"] = list(params.stop_token_ids)
-    return out
+    return {**out, **NEUTRAL_SENT}
 
 
 def sampling_params_from_json(obj: Any) -> SamplingParams:

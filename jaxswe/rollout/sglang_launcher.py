@@ -82,6 +82,24 @@ def sglang_command(
     return cmd + list(extra_args)
 
 
+def stage_sglang_command(model_dir: str | Path, model_cfg: Any, rollout: Any, *, port: int) -> list[str]:
+    """`sglang_command` for a stage: context length and RoPE scaling from the stage's model config
+    (`jaxswe.stages.runtime.stage_model`, so stage 2 serves with YaRN), the rest from its rollout
+    section."""
+    rope = model_cfg.rope_scaling
+    return sglang_command(
+        model_dir,
+        host=rollout.host,
+        port=port,
+        tp_size=rollout.tensor_parallel,
+        mem_fraction_static=rollout.mem_fraction,
+        context_length=model_cfg.max_position_embeddings,
+        rope_scaling=None if rope is None else rope.to_hf(),
+        dtype=model_cfg.dtype,
+        seed=rollout.seed,
+    )
+
+
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/health", timeout=2) as resp:

@@ -48,14 +48,19 @@ class Episode:
 
 
 def from_trajectory(task_id: str, traj: Any) -> Episode:
-    """Convert the agent loop's Trajectory (jaxswe.agent.trajectory) into an Episode."""
+    """Convert the agent loop's Trajectory (jaxswe.agent.trajectory) into an Episode. When the
+    episode was sampled with a prompt it is not trained on (`trained_prompt_ids` in its metadata:
+    a one-shot demonstration), the episode holds the trained prompt followed by the same turns."""
     infra = traj.infra_error or ("episode ended by error" if traj.is_infra_failure else None)
+    prompt = traj.metadata.get("trained_prompt_ids")
+    cut, head = (traj.prompt_len, [int(t) for t in prompt]) if prompt is not None else (0, [])
+    pad = [0] * len(head)
     return Episode(
         task_id=task_id,
-        input_ids=[int(t) for t in traj.input_ids],
-        loss_mask=[int(x) for x in traj.loss_mask],
-        sft_mask=[int(x) for x in traj.rft_loss_mask()],
-        rollout_logprobs=[float(x) for x in traj.rollout_logprobs],
+        input_ids=head + [int(t) for t in traj.input_ids[cut:]],
+        loss_mask=pad + [int(x) for x in traj.loss_mask[cut:]],
+        sft_mask=pad + [int(x) for x in traj.rft_loss_mask()[cut:]],
+        rollout_logprobs=[0.0] * len(head) + [float(x) for x in traj.rollout_logprobs[cut:]],
         num_turns=int(traj.num_turns),
         ended_by=str(traj.ended_by),
         resolved=infra is None and (traj.reward or 0.0) >= 1.0,

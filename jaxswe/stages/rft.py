@@ -1,52 +1,116 @@
-"""Rejection fine-tuning: sample N trajectories per task with the current model, keep the resolved
-ones, SFT on them (format-error turns stay in context, out of the loss), save a checkpoint."""
+"""Rejection fine-tuning as the paper runs it: sample N trajectories per task with the current
+model, keep the resolved ones, SFT on them for `sft.epochs` (1 by default: ceil(epochs x kept /
+batch_size) steps, the cosine schedule decaying to 0 over exactly those steps; `sft.max_steps: 50`
+is the paper's "50 steps"). Format-error turns stay in context, out of the loss. A one-shot
+demonstration used while sampling (`agent.demonstration`) is not in the trained prompt unless
+`agent.demonstration_in_trained_prompt`.
+
+Resumable at every point: samples stream to `trajectories/samples.jsonl` as episodes finish and a
+resumed collection runs only the missing (task, sample) slots; SFT saves an Orbax checkpoint every
+`sft.checkpoint_every` steps and a resumed stage continues from the newest one on the same data
+order; the final checkpoint holds the stage summary.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
+from jaxswe.config import RunConfig
+from jaxswe.errors import UserError
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.stages.context import StageContext, ensure_backend
-from jaxswe.stages.episodes import load_episodes, save_episodes
+from jaxswe.stages.episodes import Episode
 from jaxswe.stages.rl import rl_sampling
 from jaxswe.stages.rollouts import collect_episodes, run_phase
-from jaxswe.stages.sft import run_sft
+from jaxswe.stages.runtime import Policy
+from jaxswe.stages.sft import num_sft_steps, run_sft
 from jaxswe.stages.trainer import Trainer
+
+
+def rft_trainer(cfg: RunConfig, policy: Policy, num_steps: int | None = None) -> Trainer:
+    """The RFT trainer: fp32 masters and AdamW moments (model.param_dtype) at rft.lr; with
+    `num_steps`, a cosine schedule decays to 0 over exactly that many steps."""
+    update: dict[str, Any] = {"lr": cfg.rft.lr} if cfg.rft.lr else {}
+    if num_steps and cfg.optimizer.schedule == "cosine":
+        update["total_steps"] = num_steps
+    return Trainer(
+        policy.model_cfg, policy.params, cfg.optimizer.model_copy(update=update), mesh_cfg=cfg.mesh
+    )
+
+
+def _read_samples(path: Path, slots: list[str]) -> dict[int, Episode]:
+    """The episodes already streamed to `path` by slot; a torn last line (a killed write) is
+    dropped and the file rewritten clean. Raises when the file belongs to other tasks."""
+    done: dict[int, Episode] = {}
+    if not path.is_file():
+        return done
+    fields = set(Episode.__dataclass_fields__)
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # torn by a kill mid-write
+        slot = int(row["slot"])
+        if slot >= len(slots) or row["task_id"] != slots[slot]:
+            raise UserError(
+                f"{path}: sample {slot} is of task {row['task_id']!r}, not of this run's tasks "
+                "(task list or rft.samples_per_task changed); use a new --run-dir"
+            )
+        done[slot] = Episode(**{k: v for k, v in row.items() if k in fields})
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps({"slot": i, **asdict(e)}) + "\n" for i, e in sorted(done.items())))
+    os.replace(tmp, path)
+    return done
+
+
+def collect_samples(ctx: StageContext, path: Path) -> list[Episode]:
+    """`rft.samples_per_task` episodes of every task, each appended to `path` as it finishes;
+    slots already in `path` are not run again."""
+    cfg = ctx.cfg
+    slots = [t for t in ctx.task_ids for _ in range(cfg.rft.samples_per_task)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = _read_samples(path, slots)
+    todo = [i for i in range(len(slots)) if i not in done]
+    if done:
+        print(f"jaxswe rft: {len(done)}/{len(slots)} samples already collected; running {len(todo)}")
+    if todo:
+        backend = ensure_backend(ctx)
+        with path.open("a") as out:
+
+            def stream(j: int, episode: Episode) -> None:
+                out.write(json.dumps({"slot": todo[j], **asdict(episode)}) + "\n")
+                out.flush()
+                done[todo[j]] = episode
+
+            run_phase(
+                backend,
+                collect_episodes(
+                    [slots[i] for i in todo],
+                    ctx.make_env,
+                    backend.engine,
+                    ctx.tokenizer,
+                    rl_sampling(cfg, ()),
+                    cfg.agent,
+                    concurrency=cfg.env.max_parallel,
+                    on_done=stream,
+                ),
+            )
+    return [done[i] for i in range(len(slots))]
 
 
 def run_rft(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], Any]:
     """Returns the stage summary and the trained params."""
     cfg, stage_dir = ctx.cfg, ctx.stage_dir
-    opt = cfg.optimizer.model_copy(update={"lr": cfg.rft.lr}) if cfg.rft.lr else cfg.optimizer
-    trainer = Trainer(ctx.policy.model_cfg, ctx.policy.params, opt, mesh_cfg=ctx.cfg.mesh)
-    ckpts = Checkpoints(stage_dir / "checkpoints", max_to_keep=1)
     samples_path = stage_dir / "trajectories" / "samples.jsonl"
-    if resume:
-        restored = ckpts.restore_latest(trainer.state())
-        if restored is not None:  # the stage finished before
-            _, items, meta = restored
-            trainer.load_state(items)
-            return dict(meta["summary"]), trainer.params
-    if resume and samples_path.is_file():
-        episodes = load_episodes(samples_path)
-    else:
-        backend = ensure_backend(ctx)
-        ids = [t for t in ctx.task_ids for _ in range(cfg.rft.samples_per_task)]
-        sampling = rl_sampling(cfg, ())
-        episodes, secs = run_phase(
-            backend,
-            collect_episodes(
-                ids,
-                ctx.make_env,
-                backend.engine,
-                ctx.tokenizer,
-                sampling,
-                cfg.agent,
-                concurrency=cfg.env.max_parallel,
-            ),
-        )
-        save_episodes(samples_path, episodes)
+    ckpt_dir = stage_dir / "checkpoints"
+    if not resume:
+        samples_path.unlink(missing_ok=True)
+    episodes = collect_samples(ctx, samples_path)
     kept = [e for e in episodes if e.resolved]
     solved = sorted({e.task_id for e in kept})
     scored = [e for e in episodes if e.infra_error is None]
@@ -54,8 +118,29 @@ def run_rft(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], Any]:
         f"jaxswe rft: {len(kept)}/{len(scored)} trajectories resolved; "
         f"{len(solved)}/{len(ctx.task_ids)} tasks had at least one success"
     )
-    metrics = MetricsLogger(stage_dir)
-    rows = run_sft(trainer, [e.sft_sequence() for e in kept], cfg.sft, metrics, seed=cfg.seed, desc="rft sft")
+    steps = num_sft_steps(len(kept), cfg.sft)
+    trainer = rft_trainer(cfg, ctx.policy, steps)
+    ckpts = Checkpoints(ckpt_dir, max_to_keep=1)
+    start = 0
+    restored = ckpts.restore_latest(trainer.state()) if resume else None
+    if restored is not None:
+        start, items, meta = restored
+        trainer.load_state(items)
+        if "summary" in meta:  # the stage finished before
+            ckpts.close()
+            return dict(meta["summary"]), trainer.params
+        print(f"jaxswe rft: resuming SFT after step {start} of {steps}")
+    metrics = MetricsLogger(stage_dir, start_step=start + 1)
+    rows = run_sft(
+        trainer,
+        [e.sft_sequence() for e in kept],
+        cfg.sft,
+        metrics,
+        seed=cfg.seed,
+        desc="rft sft",
+        start_step=start,
+        checkpoint=lambda step: ckpts.save(step, trainer.state(), {"stage": "rft", "sft_step": step}),
+    )
     metrics.close()
     summary = {
         "name": "rft",
@@ -65,10 +150,10 @@ def run_rft(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], Any]:
         "trajectories_kept": len(kept),
         "tasks_with_success": len(solved),
         "tasks_total": len(ctx.task_ids),
-        "sft_steps": len(rows),
+        "sft_steps": steps,
         "final_loss": rows[-1]["loss"] if rows else None,
         "checkpoint": str(ckpts.directory),
     }
-    ckpts.save(1, trainer.state(), {"stage": "rft", "summary": summary, "solved_tasks": solved})
+    ckpts.save(steps, trainer.state(), {"stage": "rft", "summary": summary, "solved_tasks": solved})
     ckpts.close()
     return summary, trainer.params

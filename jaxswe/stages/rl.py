@@ -26,6 +26,7 @@ from jaxswe.config import RLSection, RunConfig
 from jaxswe.data.packing import Sequence, pack_sequences, pad_rows, split_rows
 from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
+from jaxswe.rollout.bias import BiasAlarm, sampling_bias
 from jaxswe.rollout.client import logprob_gap
 from jaxswe.rollout.types import SamplingParams
 from jaxswe.run.checkpoint import Checkpoints
@@ -110,33 +111,65 @@ def minibatches(
     return steps, truncated
 
 
+def _flat(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate([x.reshape(-1) for x in parts]) if parts else np.zeros(0, np.float32)
+
+
+def _check_sampling(
+    setup: RLSetup, steps: list[dict[str, np.ndarray]], lp_ent: list, dropped: list[Sequence], step: int
+) -> dict[str, Any]:
+    """The rollout-vs-trainer log-prob gap and the sampling-bias statistics of every sampled token
+    of the iteration: the trained steps' recomputed log-probs, plus a forward pass over the
+    trajectories of dropped groups (a server that truncates must be caught even in an iteration
+    where no group is informative). Raises when the alarm fires and rl.bias_alarm_stop is set."""
+    rl, trainer = setup.cfg.rl, setup.trainer
+    steps, lp_ent = list(steps), list(lp_ent)
+    if dropped:
+        extra, _ = minibatches(dropped, rl, trainer.rows_multiple, np.random.default_rng(0))
+        steps += extra
+        lp_ent += [trainer.logprobs(arrays) for arrays in extra]
+    mask = _flat([a["loss_mask"] for a in steps]) > 0
+    trainer_lp = _flat([lp for lp, _ in lp_ent])
+    gap = logprob_gap(_flat([a["old_logprobs"] for a in steps]), trainer_lp, mask)
+    bias = sampling_bias(trainer_lp, _flat([e for _, e in lp_ent]), mask)
+    alarm = BiasAlarm(min_nats=rl.bias_alarm_nats, z=rl.bias_alarm_z, stop=rl.bias_alarm_stop)
+    fired = alarm.check(bias, where=f"jaxswe rl iteration {step}", gap_kl=gap["kl"])
+    return {
+        "logprob_gap_mean_abs": gap["mean_abs"],
+        "logprob_gap_max_abs": gap["max_abs"],
+        "logprob_gap_kl": gap["kl"],
+        **bias,
+        "sampling_bias_alarm": int(fired),
+    }
+
+
 def _train_on(
     setup: RLSetup,
     groups: list[list[Episode]],
     advantages: list[list[float]],
     kept: list[bool],
     rng: np.random.Generator,
+    step: int,
 ):
-    """Pack kept trajectories, recompute old log-probs, run the DAPO steps; return metrics."""
+    """Pack kept trajectories, recompute old log-probs, check the sampling-bias alarm over all
+    scored trajectories (before any update: a stop leaves the weights untouched), run the DAPO
+    steps; return metrics."""
     rl, trainer = setup.cfg.rl, setup.trainer
-    seqs = [
-        ep.rl_sequence(adv)
-        for grp, adv_g, keep in zip(groups, advantages, kept, strict=True)
-        if keep
-        for ep, adv in zip(grp, adv_g, strict=True)
-        if ep.infra_error is None
-    ]
+    seqs, dropped = [], []
+    for grp, adv_g, keep in zip(groups, advantages, kept, strict=True):
+        for ep, adv in zip(grp, adv_g, strict=True):
+            if ep.infra_error is None:
+                (seqs if keep else dropped).append(ep.rl_sequence(adv))
     out: dict[str, Any] = {"trajectories_trained": len(seqs), "optimizer_steps": 0}
-    if not seqs:
-        return out
-    steps, truncated = minibatches(seqs, rl, trainer.rows_multiple, rng)
+    steps, truncated = minibatches(seqs, rl, trainer.rows_multiple, rng) if seqs else ([], 0)
     # Old log-probs recomputed by the trainer before any update, in the steps' shapes.
     lp_ent = [trainer.logprobs(arrays) for arrays in steps]
-    mask = np.concatenate([a["loss_mask"].reshape(-1) for a in steps]) > 0
-    trainer_lp = np.concatenate([lp.reshape(-1) for lp, _ in lp_ent])
-    entropy = np.concatenate([ent.reshape(-1) for _, ent in lp_ent])
-    rollout_lp = np.concatenate([a["old_logprobs"].reshape(-1) for a in steps])
-    gap = logprob_gap(rollout_lp, trainer_lp, mask)
+    if seqs or dropped:
+        out.update(_check_sampling(setup, steps, lp_ent, dropped, step))
+    if not seqs:
+        return out
+    mask = _flat([a["loss_mask"] for a in steps]) > 0
+    entropy = _flat([ent for _, ent in lp_ent])
     for arrays, (lp, _) in zip(steps, lp_ent, strict=True):
         if rl.tis_correction:
             weights = np.minimum(np.exp(np.clip(lp - arrays["old_logprobs"], -20, 20)), rl.tis_cap)
@@ -154,9 +187,6 @@ def _train_on(
             "tokens_trained": tokens,
             "sequences_truncated": truncated,
             "entropy": float(entropy[mask].mean()) if mask.any() else None,
-            "logprob_gap_mean_abs": gap["mean_abs"],
-            "logprob_gap_max_abs": gap["max_abs"],
-            "logprob_gap_kl": gap["kl"],
             "train_tokens_per_s": tokens / max(train_s, 1e-9),
         }
     )
@@ -212,7 +242,7 @@ async def _iteration(setup: RLSetup, sampling: SamplingParams, order: DataOrder,
         kept[i] = False
     all_eps = [e for g in groups for e in g]
     t0 = time.perf_counter()
-    train = _train_on(setup, groups, result.advantages, kept, np.random.default_rng([cfg.seed, step]))
+    train = _train_on(setup, groups, result.advantages, kept, np.random.default_rng([cfg.seed, step]), step)
     timings["time_train_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     export_dir = setup.stage_dir / "weights"
@@ -220,7 +250,7 @@ async def _iteration(setup: RLSetup, sampling: SamplingParams, order: DataOrder,
     timings["time_weight_sync_s"] = time.perf_counter() - t0
     history = record_outcomes(
         history,
-        {g[0].task_id: [e.resolved for e in g if e.infra_error is None] for g in groups},
+        [(g[0].task_id, [e.resolved for e in g if e.infra_error is None]) for g in groups],
     )
     generated = sum(e.num_generated for e in all_eps)
     flat_rewards = [r for g, rg in zip(groups, rewards, strict=True) for e, r in zip(g, rg, strict=True)

@@ -139,19 +139,22 @@ async def collect_episodes(
     agent: AgentSection,
     *,
     concurrency: int = 8,
+    on_done: Callable[[int, Episode], None] | None = None,
 ) -> tuple[list[Episode], float]:
     """Run one episode per entry of `task_ids` (repeat an id for a group), all in flight at once.
 
-    Returns the episodes in input order and the wall time. An environment that cannot even be
-    built counts as an infrastructure failure of that episode. With several processes, process 0
-    runs them all and every process gets its episodes (see jaxswe.distributed).
+    Returns the episodes in input order and the wall time; `on_done(index, episode)` is called as
+    each one finishes (to stream them to disk). An environment that cannot even be built counts as
+    an infrastructure failure of that episode. With several processes, process 0 runs them all and
+    every process gets its episodes (see jaxswe.distributed).
     """
     return await on_main_async(
-        lambda: _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concurrency)
+        lambda: _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concurrency, on_done)
     )
 
 
-async def _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concurrency):
+async def _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concurrency, on_done):
+    """collect_episodes on one process (`on_done` streams from process 0 only)."""
     from jaxswe.agent.loop import run_episodes
 
     start = time.perf_counter()
@@ -164,6 +167,10 @@ async def _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concu
             failures[i] = f"{type(err).__name__}: {err}"
             envs.append(None)
     live = [e for e in envs if e is not None]
+    live_index = [i for i, e in enumerate(envs) if e is not None]
+    if on_done is not None:
+        for i, error in failures.items():
+            on_done(i, _failed(task_ids[i], error))
     trajs = await run_episodes(
         live,
         engine,
@@ -172,12 +179,16 @@ async def _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concu
         max_turns=agent.max_turns,
         max_context_tokens=agent.max_context_tokens,
         concurrency=concurrency,
+        on_done=None
+        if on_done is None
+        else lambda j, traj: on_done(live_index[j], from_trajectory(task_ids[live_index[j]], traj)),
     )
     it = iter(trajs)
     episodes = []
     for i, task in enumerate(task_ids):
-        if i in failures:
-            episodes.append(Episode(task, [], [], [], [], 0, "error", False, infra_error=failures[i]))
-        else:
-            episodes.append(from_trajectory(task, next(it)))
+        episodes.append(_failed(task, failures[i]) if i in failures else from_trajectory(task, next(it)))
     return episodes, time.perf_counter() - start
+
+
+def _failed(task: str, error: str) -> Episode:
+    return Episode(task, [], [], [], [], 0, "error", False, infra_error=error)

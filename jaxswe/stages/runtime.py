@@ -43,6 +43,13 @@ def model_knobs(cfg: RunConfig) -> dict[str, Any]:
     }
 
 
+def stage_model(model_cfg: Any, cfg: RunConfig) -> Any:
+    """The starting model at this stage's context (`model.max_context`) and RoPE scaling
+    (`model.rope_scaling`; unset keeps the checkpoint's): what the trainer, the embedded engine,
+    the exported config.json and the SGLang launcher all use. Stage 2 turns YaRN on here."""
+    return model_cfg.with_context(cfg.model.max_context, cfg.model.rope_scaling)
+
+
 def write_model_file(stage_dir: Path, policy: Policy) -> None:
     write_json(  # process 0 only, like every stage file
         stage_dir / MODEL_FILE,
@@ -70,7 +77,7 @@ def policy_from_checkpoint(cfg: RunConfig, source: str | Path) -> Policy:
     if not model_file.is_file():
         raise UserError(f"{ckpt_dir.parent}: no {MODEL_FILE} next to the checkpoints; not a jaxswe stage dir")
     meta = read_json(model_file)
-    model_cfg = Qwen2Config.from_hf_dict(meta["hf_config"], **model_knobs(cfg))
+    model_cfg = stage_model(Qwen2Config.from_hf_dict(meta["hf_config"], **model_knobs(cfg)), cfg)
     placement = params_placement(model_cfg, cfg.mesh)  # each array read straight into its shards
     abstract = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_params(model_cfg), placement
@@ -109,17 +116,17 @@ def resolve_policy(cfg: RunConfig, init_from: str | None = None) -> Policy:
             raise UserError(f"model.path {path}: not a Hugging Face model directory (no config.json)")
         tok = m.tokenizer or m.path
         load_tokenizer(tok)
-        model_cfg, params = load_hf(
+        model_cfg, params = load_hf(  # dtype: compute; param_dtype: masters; read into their shards
             path, shardings=lambda c: params_placement(c, cfg.mesh), **model_knobs(cfg)
         )
-        return Policy(model_cfg, params, tok)
+        return Policy(stage_model(model_cfg, cfg), params, tok)
     if m.preset:
         from jaxswe.model.config import get_preset
 
         if not m.tokenizer:
             raise UserError("model.preset needs model.tokenizer (a tokenizer directory)")
         tokenizer = load_tokenizer(m.tokenizer)
-        model_cfg = get_preset(m.preset, **model_knobs(cfg))
+        model_cfg = stage_model(get_preset(m.preset, **model_knobs(cfg)), cfg)
         if len(tokenizer) > model_cfg.vocab_size:
             model_cfg = model_cfg.replace(vocab_size=-(-len(tokenizer) // 64) * 64)
         return Policy(model_cfg, init_sharded(model_cfg, m.seed, cfg), m.tokenizer)

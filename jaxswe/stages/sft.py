@@ -4,6 +4,7 @@ trajectories per optimizer step, pack each group into rows, one SFT update per g
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from tqdm import tqdm
@@ -15,7 +16,9 @@ from jaxswe.stages.trainer import Trainer
 
 
 def num_sft_steps(num_sequences: int, sft: SFTSection) -> int:
-    """Optimizer steps for `sft.epochs` over the data (capped by `sft.max_steps`)."""
+    """Optimizer steps for `sft.epochs` over the data: ceil(epochs x sequences / batch_size), capped
+    by `sft.max_steps` (the paper's "50 steps" is `max_steps: 50`, about half an epoch of its
+    6,548 trajectories at batch 64)."""
     steps = math.ceil(sft.epochs * num_sequences / sft.batch_size) if num_sequences else 0
     return min(steps, sft.max_steps) if sft.max_steps else steps
 
@@ -28,17 +31,27 @@ def run_sft(
     *,
     seed: int,
     desc: str,
+    start_step: int = 0,
+    checkpoint: Callable[[int], None] | None = None,
 ) -> list[dict[str, float]]:
-    """Train; log one metrics row per step; return the rows."""
+    """Train steps `start_step + 1 .. num_sft_steps`; log one metrics row per step; return the rows.
+
+    The data order depends only on `seed`, so a run resumed at `start_step` (trainer restored from
+    that step's checkpoint) trains on exactly the batches the killed run would have.
+    `checkpoint(step)` is called every `sft.checkpoint_every` steps (not after the last one: the
+    caller saves the final state with its summary).
+    """
     steps = num_sft_steps(len(sequences), sft)
     rng = np.random.default_rng(seed)
     stream: list[int] = []
     rows = []
     rows_per_step = 0
-    for step in tqdm(range(steps), desc=desc):
+    for step in tqdm(range(steps), desc=desc, initial=start_step, total=steps):
         while len(stream) < sft.batch_size:
             stream += rng.permutation(len(sequences)).tolist()
         chosen, stream = stream[: sft.batch_size], stream[sft.batch_size :]
+        if step < start_step:  # replayed to reach the same data order, not trained
+            continue
         batch = pack_sequences(
             [sequences[i] for i in chosen], sft.seq_len, rows_multiple=trainer.rows_multiple
         )
@@ -50,4 +63,7 @@ def run_sft(
         out["tokens_trained"] = float(arrays["loss_mask"].sum())
         metrics.log(step + 1, out)
         rows.append(out)
+        every = sft.checkpoint_every
+        if checkpoint is not None and every and (step + 1) % every == 0 and step + 1 < steps:
+            checkpoint(step + 1)
     return rows

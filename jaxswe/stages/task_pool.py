@@ -3,8 +3,9 @@ stage 2's filter (drop tasks solved in >= 2/3 of past attempts and tasks never s
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -55,12 +56,27 @@ def next_problems(
     return picked, DataOrder(epoch, cursor)
 
 
-def record_outcomes(history: History, outcomes: Mapping[str, Sequence[bool]]) -> History:
-    """A new history with each task's scored outcomes appended."""
+def record_outcomes(
+    history: History, outcomes: Mapping[str, Sequence[bool]] | Iterable[tuple[str, Sequence[bool]]]
+) -> History:
+    """A new history with each task's scored outcomes appended. `outcomes` is a mapping or a list
+    of (task, results) pairs: a task drawn twice in one iteration (a resample round) is two pairs,
+    and both groups' outcomes are kept."""
+    pairs = outcomes.items() if isinstance(outcomes, Mapping) else outcomes
     new = {k: list(v) for k, v in history.items()}
-    for task, results in outcomes.items():
+    for task, results in pairs:
         new.setdefault(task, []).extend(int(bool(r)) for r in results)
     return new
+
+
+def as_fraction(value: float | str) -> Fraction:
+    """A threshold as an exact fraction: "2/3", or a number read as the nearest fraction with a
+    denominator <= 100 (2/3 and 0.6667 are both exactly 2/3, so a task solved 2 of 3 times is
+    dropped either way)."""
+    try:
+        return Fraction(str(value)).limit_denominator(100)
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"not a fraction: {value!r}") from None
 
 
 def merge_histories(*histories: Mapping[str, Sequence[int]]) -> History:
@@ -76,20 +92,22 @@ def filter_by_history(
     task_ids: Sequence[str],
     history: Mapping[str, Sequence[int]],
     *,
-    drop_solved_fraction: float = 2 / 3,
+    drop_solved_fraction: float | str = "2/3",
     drop_never_solved: bool = True,
 ) -> tuple[list[str], dict[str, int]]:
-    """Keep tasks that are neither mostly solved nor (if asked) never solved in past attempts.
+    """Keep tasks that are neither mostly solved (solved fraction >= `drop_solved_fraction`,
+    compared exactly, see `as_fraction`) nor (if asked) never solved in past attempts.
 
     Tasks without any past attempt are kept (nothing is known about them). Returns the kept ids
     and counts of what was dropped and why.
     """
+    threshold = as_fraction(drop_solved_fraction)
     kept, too_easy, never = [], 0, 0
     for task in task_ids:
         results = history.get(task, [])
         if results:
-            rate = sum(results) / len(results)
-            if rate >= drop_solved_fraction:
+            rate = Fraction(sum(results), len(results))
+            if rate >= threshold:
                 too_easy += 1
                 continue
             if drop_never_solved and rate == 0:

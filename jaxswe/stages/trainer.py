@@ -92,8 +92,11 @@ class Trainer:
             params_shardings=self._shardings.params,
             context_attention=attention,
         )
-        # params restored from a checkpoint sit committed on one device: lay them out first
+        # params restored from a checkpoint sit committed on one device: lay them out first; the
+        # masters (and so both AdamW moments) are model_cfg.param_dtype whatever the checkpoint's
         params = jax.device_put(params, self._shardings.params)
+        master = jnp.dtype(model_cfg.param_dtype)
+        params = jax.tree.map(lambda p: p.astype(master), params)
         self._state = init_train_state(params, self.optimizer, self._shardings)
 
     @property

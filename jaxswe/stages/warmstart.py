@@ -21,7 +21,7 @@ from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.stages.context import check_inputs
 from jaxswe.stages.episodes import Episode, from_trajectory, save_episodes
-from jaxswe.stages.runtime import Policy, model_knobs
+from jaxswe.stages.runtime import Policy, model_knobs, stage_model
 from jaxswe.stages.sft import run_sft
 from jaxswe.stages.trainer import Trainer
 
@@ -114,6 +114,7 @@ def build_policy(cfg: RunConfig, stage_dir: Path, tasks: list[Any], make_env: An
     model_cfg = get_preset(
         cfg.model.preset, **{**model_knobs(cfg), "vocab_size": vocab, **cfg.warmstart.model_overrides}
     )
+    model_cfg = stage_model(model_cfg, cfg)
     return Policy(model_cfg, init_sharded(model_cfg, cfg.model.seed, cfg), tok_dir)
 
 

@@ -1,0 +1,95 @@
+"""Detecting biased sampling that log-prob gaps cannot see.
+
+Engines report log-probs of the untruncated softmax, so when a server applies top-k, top-p, min-p
+or a penalty on its side the rollout-vs-trainer log-prob gap stays ~0. What truncation does change
+is WHICH tokens get drawn: it favors likely ones. For tokens drawn from the trainer's own
+distribution p, the surprisal -log p(x_t) has conditional mean equal to the entropy H(p_t) at that
+position, so the per-token deficit `d_t = H(p_t) + log p(x_t)` has mean 0 given the past (a
+martingale difference sequence); truncated or sharpened sampling makes it positive.
+
+`sampling_bias` measures the mean deficit in nats per token with its standard error
+`sqrt(sum d_t^2) / n` (the martingale CLT normalizer, valid although tokens of one trajectory
+depend on each other). `BiasAlarm` fires when the deficit is both significant (z above `z`) and
+large (mean above `min_nats`): the second bound keeps a tiny numerical trainer/engine mismatch
+(bf16 engine, fp32 trainer) from tripping it on batches of millions of tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jaxswe.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+class BiasedSamplingDetected(UserError):
+    """The rollout tokens were not drawn from the model's full softmax at temperature 1."""
+
+
+def sampling_bias(trainer_logprobs: Any, trainer_entropy: Any, mask: Any) -> dict[str, float]:
+    """Surprisal-vs-entropy statistics of the sampled tokens under `mask` (all [.., T] arrays).
+
+    Returns `sampling_bias_nats` (mean of entropy - surprisal; 0 in expectation when sampling is
+    unbiased, positive under truncation), `sampling_bias_z` (that mean over its standard error),
+    `sampling_surprisal` and `sampling_entropy` (means) and `sampling_bias_tokens`. With no token
+    under the mask every value is 0.
+    """
+    lp = np.asarray(trainer_logprobs, np.float64)
+    ent = np.asarray(trainer_entropy, np.float64)
+    m = np.asarray(mask, bool)
+    if lp.shape != ent.shape or lp.shape != m.shape:
+        raise ValueError(f"shapes differ: logprobs {lp.shape}, entropy {ent.shape}, mask {m.shape}")
+    n = int(m.sum())
+    if n == 0:
+        return dict.fromkeys(
+            ("sampling_bias_nats", "sampling_bias_z", "sampling_surprisal", "sampling_entropy"), 0.0
+        ) | {"sampling_bias_tokens": 0}
+    deficit = ent[m] + lp[m]
+    mean = float(deficit.mean())
+    se = math.sqrt(float(np.sum(deficit * deficit))) / n
+    return {
+        "sampling_bias_nats": mean,
+        "sampling_bias_z": mean / se if se > 0 else 0.0,
+        "sampling_surprisal": float(-lp[m].mean()),
+        "sampling_entropy": float(ent[m].mean()),
+        "sampling_bias_tokens": n,
+    }
+
+
+@dataclass(frozen=True)
+class BiasAlarm:
+    """Thresholds on `sampling_bias` and what to do above them (warn, or stop the run)."""
+
+    min_nats: float = 0.01
+    z: float = 4.0
+    stop: bool = True
+
+    def fires(self, stats: dict[str, float]) -> bool:
+        return stats["sampling_bias_z"] > self.z and stats["sampling_bias_nats"] > self.min_nats
+
+    def check(self, stats: dict[str, float], *, where: str, gap_kl: float | None = None) -> bool:
+        """Warn loudly (and raise when `stop`) if the alarm fires; returns whether it fired.
+        `gap_kl` (the rollout-vs-trainer log-prob gap) goes into the message when given."""
+        if not self.fires(stats):
+            return False
+        gap = "" if gap_kl is None else f"; the log-prob gap KL is {gap_kl:.1e}, blind to this"
+        message = (
+            f"{where}: BIASED SAMPLING: sampled tokens are {stats['sampling_bias_nats']:.4f} nats/token "
+            f"less surprising than the trainer's entropy (z = {stats['sampling_bias_z']:.1f} over "
+            f"{stats['sampling_bias_tokens']} tokens; thresholds {self.min_nats} nats, z {self.z}{gap}). "
+            "The rollout server is truncating or reshaping the distribution (top-k/top-p/min-p, "
+            "penalties or a temperature from its generation_config): RL on these samples degrades"
+        )
+        log.warning(message)
+        print(f"WARNING: {message}", flush=True)
+        if self.stop:
+            raise BiasedSamplingDetected(
+                message + "; stopped before training on them (rl.bias_alarm_stop=false only warns)"
+            )
+        return True

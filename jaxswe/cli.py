@@ -1,12 +1,13 @@
 """The `jaxswe` command line.
 
 Each feature module registers its own subcommands through a `register(app)` function listed in
-`_COMMAND_MODULES`; this file only assembles them, answers `--version`, and turns user and usage errors into one
-line + exit 2.
+`_COMMAND_MODULES`; this file only assembles them, answers `--version`, and turns user and usage
+errors into one line + exit 2.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from typing import Annotated
@@ -64,10 +65,8 @@ def _click_error_types() -> tuple[type[BaseException], ...]:
     """ClickException of the click that typer parses with (typer >= 0.17 bundles its own) and of click."""
     types = []
     for module in ("typer._click.exceptions", "click.exceptions"):
-        try:
+        with contextlib.suppress(ImportError):
             types.append(importlib.import_module(module).ClickException)
-        except ImportError:
-            pass
     return tuple(types)
 
 

@@ -72,7 +72,7 @@ def test_errors_are_one_line_naming_file_and_key(tmp_path, text, overrides, need
         (
             "{}\n",
             ["rl.iterations=many"],
-            "--set rl.iterations=many: rl.iterations: Input should be a valid integer, unable to parse string",
+            "--set rl.iterations=many: rl.iterations: Input should be a valid integer",
         ),
         (
             "optimizer:\n  wieght_decay: 1\n",

@@ -23,6 +23,7 @@ _COMMAND_MODULES: list[str] = [
     "jaxswe.tasks_cli",
     "jaxswe.stages.cli",
     "jaxswe.model.cli",
+    "jaxswe.model.export",
     "jaxswe.plan",
 ]
 

@@ -15,6 +15,9 @@ ConfigOpt = Annotated[Path, typer.Option("--config", help="YAML config (configs/
 RunDirOpt = Annotated[Path, typer.Option("--run-dir", help="where the run writes everything")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override section.key=value (repeatable)")]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="continue from the last complete checkpoint")]
+InitFromOpt = Annotated[
+    str | None, typer.Option("--init-from", help="start from this stage dir (RUN_DIR/rl) or its checkpoints/")
+]
 
 
 def _compile_cache() -> None:
@@ -28,9 +31,15 @@ def _compile_cache() -> None:
 
 def _stage_command(name: str):
     def command(
-        config: ConfigOpt, run_dir: RunDirOpt, set_: SetOpt = None, resume: ResumeOpt = False
+        config: ConfigOpt,
+        run_dir: RunDirOpt,
+        set_: SetOpt = None,
+        resume: ResumeOpt = False,
+        init_from: InitFromOpt = None,
     ) -> None:
         cfg = load_config(config, set_ or [])  # before the heavy imports: a bad config fails at once
+        if init_from:
+            cfg = cfg.model_copy(update={"init_from": init_from})
         from jaxswe.stages.stages import run_stage
 
         _compile_cache()

@@ -48,7 +48,7 @@ def test_export_loads_in_transformers_with_same_logprobs(stage, tmp_path, capsys
     out = tmp_path / "hf"
     main(["export", str(stage_dir), str(out)])
     with safe_open(str(out / "model.safetensors"), "np") as f:  # bf16 by default
-        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118 (safe_open is not a dict)
     gen = json.loads((out / "generation_config.json").read_text())
     assert gen["eos_token_id"] == [tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id]
     assert gen["pad_token_id"] == tok.pad_token_id

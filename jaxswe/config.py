@@ -44,6 +44,7 @@ class ModelSection(Section):
     logprob_chunk: int = Field(1024, gt=0)
     max_context: int = Field(65536, gt=0)
     rope_scaling: dict[str, Any] | None = None  # e.g. {rope_type: yarn, factor: 4.0, ...}
+    overrides: dict[str, Any] = Field(default_factory=dict)  # Qwen2Config fields over `preset`
     seed: int = 0
 
 
@@ -106,7 +107,7 @@ class RolloutSection(Section):
 class EnvSection(Section):
     """Where tasks come from and where their commands run."""
 
-    tasks: str = "builtin"  # "builtin" or a JSON/JSONL path
+    tasks: str = "builtin"  # "builtin", a JSON/JSONL path, or "toy" (the RL smoke test, jaxswe/stages/toy.py)
     eval_tasks: str | None = None  # defaults to `tasks`
     backend: Literal["local", "docker"] = "local"
     command_timeout_s: float = Field(60.0, gt=0)
@@ -115,6 +116,8 @@ class EnvSection(Section):
     memory_limit: str = "2g"
     cpu_limit: float = Field(0.5, gt=0)
     pids_limit: int = Field(256, gt=0)
+    toy_values: int = Field(2, ge=2, le=100)  # tasks "toy": the key's possible values
+    toy_tasks: int = Field(16, gt=0)  # tasks "toy": task ids in the pool
 
 
 class AgentSection(Section):

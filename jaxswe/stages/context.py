@@ -23,6 +23,7 @@ from jaxswe.stages.runtime import (
     write_model_file,
 )
 from jaxswe.stages.stage_io import prepare_stage_dir, write_json
+from jaxswe.stages.toy import is_toy, toy_policy, toy_tasks
 
 
 @dataclass
@@ -51,7 +52,7 @@ def check_settings(cfg: RunConfig) -> None:
 def check_inputs(cfg: RunConfig) -> tuple[list[Any], list[Any]]:
     """Validate everything outside the model before work starts: settings, tasks, servers."""
     check_settings(cfg)
-    tasks = load_pool(cfg.env.tasks)
+    tasks = toy_tasks(cfg) if is_toy(cfg) else load_pool(cfg.env.tasks)
     eval_tasks = load_pool(cfg.env.eval_tasks) if cfg.env.eval_tasks else tasks
     if cfg.task_subset:
         known = {t.instance_id for t in [*tasks, *eval_tasks]}
@@ -70,6 +71,8 @@ def open_stage(
 ) -> StageContext:
     """Check inputs, resolve the starting policy and write config.yaml + model.json."""
     tasks, eval_tasks = check_inputs(cfg)
+    if policy is None and is_toy(cfg) and not (init_from or cfg.init_from or cfg.model.path):
+        policy = toy_policy(cfg, stage_dir)  # random init over the toy tokenizer it writes
     policy = policy or resolve_policy(cfg, init_from)
     tokenizer = load_tokenizer(policy.tokenizer_dir)
     prepare_stage_dir(stage_dir, cfg)

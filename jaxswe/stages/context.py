@@ -112,7 +112,7 @@ def finish_stage(ctx: StageContext, summary: dict[str, Any], params: Any | None 
         summary["pass_at_1"] = report["pass_at_1"]
         summary["pass_at_1_ci95"] = report["pass_at_1_ci95"]
     metrics = ctx.stage_dir / "metrics.jsonl"
-    if metrics.exists():
+    if metrics.exists() and summary.get("name") != "eval":  # eval plots its bars per task itself
         plot_metrics(
             metrics, ctx.stage_dir / "plots" / f"{summary['name']}_curves.png", title=summary["name"]
         )

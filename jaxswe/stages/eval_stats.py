@@ -35,6 +35,17 @@ def pass_at_1_interval(per_task_successes: Mapping[str, Sequence[bool]]) -> tupl
     return mean, max(0.0, mean - half), min(1.0, mean + half)
 
 
+def paired_difference(before: Mapping[str, float], after: Mapping[str, float]) -> dict:
+    """Pass@1 of `after` minus `before` paired over the tasks both evaluated: the mean of the
+    per-task rate differences with a 95% normal interval from their spread (as pass_at_1_interval)."""
+    tasks = sorted(set(before) & set(after))
+    diffs = np.array([after[t] - before[t] for t in tasks], np.float64)
+    mean = float(diffs.mean()) if diffs.size else 0.0
+    half = 1.96 * float(diffs.std(ddof=1)) / math.sqrt(diffs.size) if diffs.size > 1 else 0.0
+    lo, hi = mean - half, mean + half
+    return {"diff": mean, "ci95": [lo, hi], "num_tasks": len(tasks), "significant": bool(lo > 0 or hi < 0)}
+
+
 def summarize(
     per_task_successes: Mapping[str, Sequence[bool]],
     endings: Sequence[str],

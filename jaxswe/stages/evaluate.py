@@ -9,7 +9,7 @@ from typing import Any
 from jaxswe.config import RunConfig
 from jaxswe.rollout.types import SamplingParams
 from jaxswe.run.metrics import MetricsLogger
-from jaxswe.run.plots import plot_metrics
+from jaxswe.run.plots import plot_eval
 from jaxswe.stages.episodes import Episode, save_episodes
 from jaxswe.stages.eval_stats import format_table, summarize
 from jaxswe.stages.rollouts import Backend, EnvFactory, collect_episodes, run_phase
@@ -83,5 +83,5 @@ def run_eval_stage(
     row = {k: v for k, v in report.items() if isinstance(v, int | float)}
     metrics.log(0, {**row, "pass_rate": report["pass_at_1"]})
     metrics.close()
-    plot_metrics(metrics.path, stage_dir / "plots" / f"{name}.png", title=f"{cfg.name}: {name}")
+    plot_eval(report, stage_dir / "plots" / f"{name}.png", title=f"{cfg.name}: {name}")
     return report

@@ -1,0 +1,27 @@
+"""The one-line result a stage prints when it ends, and the paired stage-vs-stage comparison."""
+
+import pytest
+
+from jaxswe.stages.eval_stats import paired_difference
+from jaxswe.stages.stages import result_line
+
+
+def test_result_line_names_pass_at_1_and_its_interval():
+    line = result_line({"pass_at_1": 0.375, "pass_at_1_ci95": [0.2, 0.55], "num_episodes": 32})
+    assert line == "pass@1 0.375 (95% interval 0.200-0.550, 32 episodes)"
+    assert result_line({"final_pass_rate": 0.5}) == (
+        "training-sample pass rate 0.500; not evaluated (eval.after_stage: false)"
+    )
+
+
+def test_paired_difference_over_shared_tasks():
+    before = {"a": 0.25, "b": 0.5, "c": 0.0, "only_before": 1.0}
+    after = {"a": 0.5, "b": 0.75, "c": 0.5}
+    out = paired_difference(before, after)
+    diffs = [0.25, 0.25, 0.5]
+    mean = sum(diffs) / 3
+    sd = (sum((d - mean) ** 2 for d in diffs) / 2) ** 0.5
+    assert out["num_tasks"] == 3 and out["diff"] == pytest.approx(mean)
+    assert out["ci95"] == pytest.approx([mean - 1.96 * sd / 3**0.5, mean + 1.96 * sd / 3**0.5])
+    assert out["significant"]
+    assert not paired_difference({"a": 0.0, "b": 1.0}, {"a": 1.0, "b": 0.0})["significant"]

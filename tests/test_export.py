@@ -17,7 +17,7 @@ from jaxswe.cli import main
 from jaxswe.model import get_preset, init_params, token_logprobs
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.stages.runtime import Policy, write_model_file
-from tests.rl_toy_helpers import toy_tokenizer
+from jaxswe.stages.toy import toy_tokenizer
 
 
 @pytest.fixture

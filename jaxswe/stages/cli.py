@@ -62,9 +62,8 @@ def pipeline(config: ConfigOpt, run_dir: RunDirOpt, set_: SetOpt = None, resume:
 
     _compile_cache()
     out = run_pipeline(cfg, run_dir, resume=resume)
-    typer.echo(
-        json.dumps({"stages": [{"name": s["name"], "pass_at_1": s.get("pass_at_1")} for s in out["stages"]]})
-    )
+    stages = [{"name": s["name"], "pass_at_1": s.get("pass_at_1")} for s in out["stages"]]
+    typer.echo(json.dumps({"stages": stages, "paired": out["paired"]}))
 
 
 def register(app: typer.Typer) -> None:

@@ -88,10 +88,8 @@ def result_line(summary: dict[str, Any]) -> str:
 def run_stage(
     name: str, cfg: RunConfig, stage_dir: Path, *, init_from: str | None, resume: bool
 ) -> dict[str, Any]:
-    """Run one stage into `stage_dir` between a one-line banner and its result line (stderr);
-    return its summary (also written to summary.json)."""
-    source = f" from {init_from}" if init_from else ""
-    print(f"jaxswe: == {name}{source} -> {stage_dir}", file=sys.stderr, flush=True)
+    """Run one stage into `stage_dir`: a one-line banner once its inputs are checked, its result
+    line at the end (stderr); return its summary (also written to summary.json)."""
     start = time.monotonic()
     summary = _run_stage(name, cfg, Path(stage_dir), init_from=init_from, resume=resume)
     minutes, seconds = divmod(int(time.monotonic() - start), 60)
@@ -103,11 +101,17 @@ def run_stage(
     return summary
 
 
+def _banner(name: str, stage_dir: Path, init_from: str | None) -> None:
+    source = f" from {init_from}" if init_from else ""
+    print(f"jaxswe: == {name}{source} -> {stage_dir}", file=sys.stderr, flush=True)
+
+
 def _run_stage(
     name: str, cfg: RunConfig, stage_dir: Path, *, init_from: str | None, resume: bool
 ) -> dict[str, Any]:
     if name == "warmstart":
         tasks, _ = check_inputs(cfg)
+        _banner(name, stage_dir, None)
         stage_dir.mkdir(parents=True, exist_ok=True)
         policy = build_policy(cfg, stage_dir, tasks, env_factory(cfg, tasks))
         ctx = open_stage(cfg, stage_dir, init_from=None, policy=policy)
@@ -115,6 +119,7 @@ def _run_stage(
         return finish_stage(ctx, summary, params)
     if name == "rft":
         ctx = open_stage(cfg, stage_dir, init_from=init_from)
+        _banner(name, stage_dir, init_from)
         summary, params = run_rft(ctx, resume=resume)
         return finish_stage(ctx, summary, params)
     if name == "rl":
@@ -122,9 +127,11 @@ def _run_stage(
         if cfg.rl.task_filter == "solved_fraction" and source:
             load_history(source)  # fail before any work when it is missing
         ctx = open_stage(cfg, stage_dir, init_from=init_from)
+        _banner(name, stage_dir, init_from)
         return run_rl_stage(ctx, history_from=source, resume=resume)
     if name == "eval":
         ctx = open_stage(cfg, stage_dir, init_from=init_from)
+        _banner(name, stage_dir, init_from)
         report = run_eval_stage(
             cfg, stage_dir, ensure_backend(ctx), ctx.tokenizer, ctx.make_env, ctx.eval_ids
         )

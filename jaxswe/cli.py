@@ -1,16 +1,20 @@
 """The `jaxswe` command line.
 
 Each feature module registers its own subcommands through a `register(app)` function listed in
-`_COMMAND_MODULES`; this file only assembles them and turns user errors into one line + exit 2.
+`_COMMAND_MODULES`; this file only assembles them, answers `--version`, and turns user and usage
+errors into one line + exit 2.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
+from typing import Annotated
 
 import typer
 
+from jaxswe import __version__
 from jaxswe.errors import UserError
 
 # Modules that define `register(app: typer.Typer) -> None`.
@@ -19,6 +23,7 @@ _COMMAND_MODULES: list[str] = [
     "jaxswe.tasks_cli",
     "jaxswe.stages.cli",
     "jaxswe.model.cli",
+    "jaxswe.model.export",
     "jaxswe.plan",
     "jaxswe.sandboxes_cli",
 ]
@@ -32,6 +37,21 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"jaxswe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="print the version")
+    ] = False,
+) -> None:
+    """Train long-context multi-turn SWE agents: RFT, then synchronous DAPO RL (arXiv 2508.03501)."""
+
+
 def _user_error_types() -> tuple[type[BaseException], ...]:
     types: list[type[BaseException]] = [UserError]
     try:
@@ -41,6 +61,22 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     except ImportError:
         pass
     return tuple(types)
+
+
+def _click_error_types() -> tuple[type[BaseException], ...]:
+    """ClickException of the click that typer parses with (typer >= 0.17 bundles its own) and of click."""
+    types = []
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        with contextlib.suppress(ImportError):
+            types.append(importlib.import_module(module).ClickException)
+    return tuple(types)
+
+
+def _usage_line(err: BaseException) -> str:
+    """A click usage error as one line: the command, the message, where help is."""
+    ctx = getattr(err, "ctx", None)
+    command = ctx.command_path if ctx is not None else "jaxswe"
+    return f"jaxswe: error: {err.format_message()} (see '{command} --help')"
 
 
 def build_app() -> typer.Typer:
@@ -53,19 +89,18 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script and `python -m jaxswe`."""
     build_app()
     try:
-        code = app(args=argv, standalone_mode=False)  # typer.Exit(n) comes back as n here
+        code = app(args=argv, prog_name="jaxswe", standalone_mode=False)  # typer.Exit(n) comes back as n here
     except _user_error_types() as err:
         print(f"jaxswe: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     except typer.Abort:
         print("jaxswe: aborted", file=sys.stderr)
         raise SystemExit(130) from None
-    except Exception as err:  # click usage errors arrive as ClickException
-        import click
-
-        if isinstance(err, click.ClickException):
+    except _click_error_types() as err:
+        if type(err).__name__ == "NoArgsIsHelpError":  # `jaxswe` or `jaxswe tasks` alone: the help
             err.show()
-            raise SystemExit(err.exit_code) from None
-        raise
+        else:
+            print(_usage_line(err), file=sys.stderr)
+        raise SystemExit(2) from None
     if isinstance(code, int) and code:
         raise SystemExit(code)

@@ -10,6 +10,7 @@ is one line naming the file and the key.
 from __future__ import annotations
 
 import copy
+import difflib
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
@@ -44,6 +45,7 @@ class ModelSection(Section):
     logprob_chunk: int = Field(1024, gt=0)
     max_context: int = Field(65536, gt=0)
     rope_scaling: dict[str, Any] | None = None  # e.g. {rope_type: yarn, factor: 4.0, ...}
+    overrides: dict[str, Any] = Field(default_factory=dict)  # Qwen2Config fields over `preset`
     seed: int = 0
 
 
@@ -117,7 +119,7 @@ class RolloutSection(Section):
 class EnvSection(Section):
     """Where tasks come from and where their commands run."""
 
-    tasks: str = "builtin"  # "builtin" or a JSON/JSONL path
+    tasks: str = "builtin"  # "builtin", a JSON/JSONL path, or "toy" (the RL smoke test, jaxswe/stages/toy.py)
     eval_tasks: str | None = None  # defaults to `tasks`
     backend: Literal["local", "docker"] = "local"
     command_timeout_s: float = Field(60.0, gt=0)
@@ -127,6 +129,8 @@ class EnvSection(Section):
     cpu_limit: float = Field(0.5, gt=0)
     pids_limit: int = Field(256, gt=0)
     allow_unisolated: bool = False  # run model commands on the host when bwrap is missing (local)
+    toy_values: int = Field(2, ge=2, le=100)  # tasks "toy": the key's possible values
+    toy_tasks: int = Field(16, gt=0)  # tasks "toy": task ids in the pool
 
 
 class AgentSection(Section):
@@ -244,10 +248,10 @@ class RunConfig(Section):
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
-        raise ConfigError(f"override {text!r}: expected section.key=value")
+        raise ConfigError(f"--set {text}: expected section.key=value")
     key, raw = text.split("=", 1)
     if not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"override {text!r}: empty key")
+        raise ConfigError(f"--set {text}: empty key")
     try:
         value = yaml.safe_load(raw) if raw else ""
     except yaml.YAMLError:
@@ -264,26 +268,53 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         for part in path[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"override {text!r}: {part!r} is not a section")
+                raise ConfigError(f"--set {text}: {part!r} is not a section")
             node = child
         node[path[-1]] = value
     return data
 
 
-def _first_error(where: str, err: ValidationError) -> ConfigError:
+def _known_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the config accepts beside `loc[-1]` (empty where `loc` is not inside a section)."""
+    model: type[BaseModel] = RunConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+def _error_source(loc: tuple[str, ...], where: str, overrides: list[str]) -> str:
+    """`--set K=V` when the last override touching `loc` caused the error, else the file."""
+    for text in reversed(overrides):
+        parts = tuple(text.split("=", 1)[0].split("."))
+        if parts[: len(loc)] == loc or loc[: len(parts)] == parts:
+            return f"--set {text}"
+    return where
+
+
+def _first_error(where: str, err: ValidationError, overrides: list[str]) -> ConfigError:
     e = err.errors()[0]
-    key = ".".join(str(p) for p in e["loc"]) or "(top level)"
-    msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+    loc = tuple(str(p) for p in e["loc"])
+    key = ".".join(loc) or "(top level)"
+    msg = e["msg"]
+    if e["type"] == "extra_forbidden":
+        close = difflib.get_close_matches(loc[-1], _known_keys(loc), n=1)
+        msg = "unknown key" + (f" (did you mean {'.'.join((*loc[:-1], close[0]))}?)" if close else "")
     more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return ConfigError(f"{where}: {key}: {msg}{more}")
+    return ConfigError(f"{_error_source(loc, where, overrides) if loc else where}: {key}: {msg}{more}")
 
 
-def config_from_dict(data: dict[str, Any], *, where: str = "config") -> RunConfig:
-    """Validate a plain dict as a RunConfig; errors name `where` and the key."""
+def config_from_dict(
+    data: dict[str, Any], *, where: str = "config", overrides: list[str] | None = None
+) -> RunConfig:
+    """Validate a plain dict as a RunConfig; errors name `where` (or the override applied) and the key."""
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
-        raise _first_error(where, err) from None
+        raise _first_error(where, err, overrides or []) from None
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
@@ -300,7 +331,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections")
     data = apply_overrides(data, overrides or [])
-    return config_from_dict(data, where=str(path))
+    return config_from_dict(data, where=str(path), overrides=overrides)
 
 
 def dump_config(config: RunConfig, path: str | Path) -> None:

@@ -6,41 +6,8 @@ import itertools
 import random
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
-
 from envs.toy import ToyEnv
-from jaxswe.tokenizer import CHATML_TEMPLATE, SPECIAL_TOKENS
-
-
-def toy_tokenizer(
-    num_values: int, out_dir: Path | None = None, *, single_token_actions: bool = False
-) -> PreTrainedTokenizerFast:
-    """A word-level ChatML tokenizer over the toy game's words (anything else is [UNK]).
-
-    `submit 2` is two tokens and the observation `key 2` holds the same digit token, so
-    answering with the key seen is a copy. With `single_token_actions`, each whole action
-    (`look`, `submit 0`, `submit 1`, ...) is one token, so a policy sampling one token per turn
-    always emits a well-formed action or an obvious error, and a random policy explores the game.
-    """
-    words = ["[UNK]", "look", "submit", "key", *(str(i) for i in range(num_values)), "correct", "wrong"]
-    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *words])}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    core.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token="[UNK]",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-    )
-    if single_token_actions:
-        tok.add_tokens([f"submit {i}" for i in range(num_values)])
-    tok.chat_template = CHATML_TEMPLATE
-    if out_dir is not None:
-        tok.save_pretrained(str(out_dir))
-    return tok
+from jaxswe.stages.toy import toy_tokenizer  # noqa: F401 (the RL tests' tokenizer)
 
 
 def toy_env_factory(seed: int, num_values: int):

@@ -57,8 +57,42 @@ def test_errors_are_one_line_naming_file_and_key(tmp_path, text, overrides, need
         load_config(path, overrides)
     message = str(info.value)
     assert needle in message and "\n" not in message
-    if "expected" not in needle:
-        assert str(path) in message
+    assert f"--set {overrides[-1]}" in message if overrides else str(path) in message
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "expect"),
+    [
+        (
+            "rl:\n  eps_high: 0.28\n",
+            ["rl.eps_hihg=0.3"],
+            "--set rl.eps_hihg=0.3: rl.eps_hihg: unknown key (did you mean rl.eps_high?)",
+        ),
+        ("{}\n", ["rll.iterations=3"], "--set rll.iterations=3: rll: unknown key (did you mean rl?)"),
+        (
+            "{}\n",
+            ["rl.iterations=many"],
+            "--set rl.iterations=many: rl.iterations: Input should be a valid integer",
+        ),
+        (
+            "optimizer:\n  wieght_decay: 1\n",
+            ["rl.iterations=3"],
+            "c.yaml: optimizer.wieght_decay: unknown key (did you mean optimizer.weight_decay?)",
+        ),
+        ("{}\n", ["rl.zzzz=1"], "--set rl.zzzz=1: rl.zzzz: unknown key"),
+        (
+            "rl:\n  iterations: 3\n",
+            ["rl.iterations.x=1"],
+            "--set rl.iterations.x=1: 'iterations' is not a section",
+        ),
+    ],
+)
+def test_errors_name_the_override_and_the_closest_key(tmp_path, text, overrides, expect):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    assert expect in str(info.value), str(info.value)
 
 
 def test_missing_file(tmp_path):

@@ -33,7 +33,7 @@ SHRINK = [
 
 
 @pytest.mark.slow
-def test_demo_pipeline_shrunk(tmp_path):
+def test_demo_pipeline_shrunk(tmp_path, capsys):
     run_dir = tmp_path / "demo"
     argv = ["pipeline", "--config", str(CONFIG), "--run-dir", str(run_dir)]
     for s in SHRINK:
@@ -43,6 +43,19 @@ def test_demo_pipeline_shrunk(tmp_path):
     assert [s["name"] for s in summary["stages"]] == ["warmstart", "rft", "rl", "eval"]
     assert all(0.0 <= s["pass_at_1"] <= 1.0 for s in summary["stages"])
     assert all(np.isfinite(s["pass_at_1"]) for s in summary["stages"])
+    # each training stage against the one before, paired over the same 2 tasks
+    assert [(p["before"], p["after"], p["num_tasks"]) for p in summary["paired"]] == [
+        ("warmstart", "rft", 2),
+        ("rft", "rl", 2),
+    ]
+    by_name = {s["name"]: s for s in summary["stages"]}
+    assert summary["paired"][1]["diff"] == pytest.approx(
+        by_name["rl"]["pass_at_1"] - by_name["rft"]["pass_at_1"]
+    )
+    err = capsys.readouterr().err  # a banner as each stage starts, its pass@1 and interval as it ends
+    for stage in ("warmstart", "rft", "rl", "eval"):
+        assert f"jaxswe: == {stage} " in err and f"jaxswe: == {stage} done in " in err
+    assert err.count("pass@1 ") >= 4 and "rl - rft pass@1: " in err
     for stage in ("warmstart", "rft", "rl", "eval"):
         d = run_dir / stage
         for name in ("config.yaml", "metrics.jsonl", "summary.json", "model.json"):
@@ -86,5 +99,6 @@ def test_demo_tokenizer_corpus_is_reproducible():
     make_env = env_factory(cfg, tasks)
     first, second = corpus_texts(cfg, tasks, make_env), corpus_texts(cfg, tasks, make_env)
     assert first == second
-    assert any(f"{CORPUS_WORKDIR}/" in t for t in first)  # the edit's file window names the file
+    windows = [t for t in first if "[File: " in t]  # the edit's file window names the file, relative
+    assert windows and not any(f"[File: {CORPUS_WORKDIR}" in t or "[File: /" in t for t in windows), windows
     assert len(first[0]) < 200  # the demo's short system prompt, not the default manual

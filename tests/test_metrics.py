@@ -24,3 +24,20 @@ def test_log_truncate_resume_and_plot(tmp_path):
     assert drawn == ["reward_mean", "pass_rate"]
     assert (tmp_path / "plots" / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert truncate_after(tmp_path / "metrics.jsonl", 0) == 2
+
+
+def test_eval_plot_has_one_bar_per_task(tmp_path):
+    from jaxswe.run.plots import plot_eval
+
+    report = {
+        "pass_at_1": 0.375,
+        "pass_at_1_ci95": [0.2, 0.55],
+        "num_episodes": 16,
+        "per_task": {
+            "b": {"samples": 8, "successes": 1, "rate": 0.125},
+            "a": {"samples": 8, "successes": 5, "rate": 0.625},
+        },
+    }
+    bars = plot_eval(report, tmp_path / "plots" / "eval.png", title="t")
+    assert bars == [("a", 0.625), ("b", 0.125)]
+    assert (tmp_path / "plots" / "eval.png").read_bytes()[:4] == b"\x89PNG"

@@ -83,7 +83,7 @@ def test_long_output_is_cut_in_the_middle(repo):
 def test_open_goto_scroll_windows(sc):
     path = f"{sc.workdir}/pkg/mod.py"
     out = run(sc, "open pkg/mod.py")
-    assert out.splitlines()[0] == f"[File: {path} (30 lines total)]"
+    assert out.splitlines()[0] == "[File: pkg/mod.py (30 lines total)]"  # relative: no sandbox dir
     assert "1:line 1\n" in out and "10:line 10\n(20 more lines below)" in out
     assert out.endswith(status(sc, file=path))
     out = run(sc, "goto 20")
@@ -139,13 +139,13 @@ def test_replace_unique_ambiguous_all_and_missing(sc):
 def test_create_and_search_file(sc):
     out = run(sc, "create new/dir/a.py << 'EOF'\ndef f():\n    return 1\nEOF")
     path = f"{sc.workdir}/new/dir/a.py"
-    assert out.startswith(f"[File: {path} (2 lines total)]") and out.endswith(status(sc, file=path))
+    assert out.startswith("[File: new/dir/a.py (2 lines total)]") and out.endswith(status(sc, file=path))
     assert sc.sandbox.read_file("new/dir/a.py") == "def f():\n    return 1\n"
     out = run(sc, "search_file return")
-    assert out.startswith(f'Found 1 matches for "return" in {path}:\n2:    return 1')
+    assert out.startswith('Found 1 matches for "return" in new/dir/a.py:\n2:    return 1')
     assert "No matches" in run(sc, 'search_file "line 99" pkg/mod.py')
     out = run(sc, "search_file 'line 3' pkg/mod.py")
-    assert out.startswith(f'Found 2 matches for "line 3" in {sc.workdir}/pkg/mod.py:\n3:line 3\n30:line 30\n')
+    assert out.startswith('Found 2 matches for "line 3" in pkg/mod.py:\n3:line 3\n30:line 30\n')
 
 
 def test_format_error_observation(sc):
@@ -206,7 +206,7 @@ def test_file_commands_on_docker_backend():
         assert run(sc, "cd /tmp").endswith(status(sc, cwd="/tmp"))
         run(sc, f"cd {sandbox.workdir}")
         out = run(sc, "create docker_probe/a.py << 'EOF'\nA = 1\nB = 2\nEOF")
-        assert f"[File: {sandbox.workdir}/docker_probe/a.py (2 lines total)]" in out
+        assert "[File: docker_probe/a.py (2 lines total)]" in out
         run(sc, "edit 2:2\nB = 3")
         run(sc, "replace\n<<<<<<< SEARCH\nA = 1\n=======\nA = 0\n>>>>>>> REPLACE")
         assert sandbox.read_file(f"{sandbox.workdir}/docker_probe/a.py") == "A = 0\nB = 3\n"
@@ -214,3 +214,19 @@ def test_file_commands_on_docker_backend():
         assert "1:A = 0" in run(sc, "open docker_probe/a.py 1")
         patch = sc.diff_patch(base)
         assert "+A = 0" in patch and "docker_probe/a.py" in patch
+
+
+def test_file_observations_name_no_sandbox_directory(sc):
+    """The local sandbox's directory is random per episode: file commands show repository paths
+    (the demo prompts' status line shows no directory either)."""
+    outs = [
+        run(sc, "open pkg/mod.py 12"),
+        run(sc, "open nope.py"),
+        run(sc, "open pkg"),
+        run(sc, "search_file 'line 3' pkg/mod.py"),
+        run(sc, "goto 999"),
+        run(sc, "create pkg/mod.py"),
+    ]
+    bodies = [out.rsplit("\n", 1)[0] for out in outs]  # the default prompts' status line names the cwd
+    assert all(sc.workdir not in body for body in bodies), bodies
+    assert outs[0].startswith("[File: pkg/mod.py (30 lines total)]") and "file nope.py not found" in outs[1]

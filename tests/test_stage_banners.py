@@ -16,12 +16,18 @@ def test_result_line_names_pass_at_1_and_its_interval():
 
 def test_paired_difference_over_shared_tasks():
     before = {"a": 0.25, "b": 0.5, "c": 0.0, "only_before": 1.0}
-    after = {"a": 0.5, "b": 0.75, "c": 0.5}
+    after = {"a": 0.5, "b": 0.8, "c": 0.35}
     out = paired_difference(before, after)
-    diffs = [0.25, 0.25, 0.5]
+    diffs = [0.25, 0.3, 0.35]
     mean = sum(diffs) / 3
     sd = (sum((d - mean) ** 2 for d in diffs) / 2) ** 0.5
     assert out["num_tasks"] == 3 and out["diff"] == pytest.approx(mean)
-    assert out["ci95"] == pytest.approx([mean - 1.96 * sd / 3**0.5, mean + 1.96 * sd / 3**0.5])
+    assert out["ci95"] == pytest.approx([mean - 4.303 * sd / 3**0.5, mean + 4.303 * sd / 3**0.5])  # t, 2 df
     assert out["significant"]
     assert not paired_difference({"a": 0.0, "b": 1.0}, {"a": 1.0, "b": 0.0})["significant"]
+
+
+def test_t_quantiles():
+    from jaxswe.stages.eval_stats import t975
+
+    assert t975(3) == 3.182 and t975(11) == 2.228 and t975(1000) == 1.96

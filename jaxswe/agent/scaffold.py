@@ -142,6 +142,12 @@ class Scaffold:
     def resolve(self, path: str) -> str:
         return posixpath.normpath(posixpath.join(self.cwd, path))
 
+    def shown(self, path: str) -> str:
+        """A path as observations show it: relative to the repository root when inside it, so no
+        sandbox directory (random per episode with the local backend) reaches the model."""
+        rel = posixpath.relpath(path, self.workdir)
+        return path if rel == ".." or rel.startswith("../") else rel
+
     def _kind(self, path: str) -> str:
         """'file', 'dir' or 'missing' for an absolute path in the sandbox."""
         q = shlex.quote(path)
@@ -161,9 +167,9 @@ class Scaffold:
         target = self.resolve(path)
         kind = self._kind(target)
         if kind == "dir":
-            raise _Fail(f"{target} is a directory")
+            raise _Fail(f"{self.shown(target)} is a directory")
         if kind == "missing":
-            raise _Fail(f"file {target} not found")
+            raise _Fail(f"file {self.shown(target)} not found")
         return target
 
     def _window(self, path: str, lines: list[str]) -> str:
@@ -171,7 +177,7 @@ class Scaffold:
         top = max(1, min(self.window_top, max(1, n - self.window_lines + 1)))
         self.window_top = top
         bottom = min(n, top + self.window_lines - 1)
-        out = [f"[File: {path} ({n} lines total)]"]
+        out = [f"[File: {self.shown(path)} ({n} lines total)]"]
         if top > 1:
             out.append(f"({top - 1} more lines above)")
         out.extend(f"{i}:{lines[i - 1]}" for i in range(top, bottom + 1))
@@ -195,7 +201,9 @@ class Scaffold:
             return self._usage(str(err))
         lines, _ = _split_lines(self.sandbox.read_file(target))
         if cmd.line is not None and cmd.line > max(len(lines), 1):
-            return self._usage(f"line {cmd.line} is past the end of {target} ({len(lines)} lines)")
+            return self._usage(
+                f"line {cmd.line} is past the end of {self.shown(target)} ({len(lines)} lines)"
+            )
         if target != self.current_file or cmd.line is not None:
             self.window_top = 1
             if cmd.line is not None:
@@ -227,7 +235,7 @@ class Scaffold:
     def _cmd_create(self, cmd: Command) -> str:
         target = self.resolve(cmd.path)
         if self._kind(target) != "missing":
-            return self._usage(f"{target} already exists; use `open` and `edit` to change it")
+            return self._usage(f"{self.shown(target)} already exists; use `open` and `edit` to change it")
         parent = posixpath.dirname(target)
         mk = self.sandbox.exec(f"mkdir -p {shlex.quote(parent)}", self.command_timeout_s)
         if mk.exit_code != 0:
@@ -244,7 +252,7 @@ class Scaffold:
         lines, trailing = _split_lines(self.sandbox.read_file(target))
         if cmd.start > len(lines) + 1 or cmd.end > len(lines):
             return self._usage(
-                f"range {cmd.start}:{cmd.end} is outside {target} ({len(lines)} lines; "
+                f"range {cmd.start}:{cmd.end} is outside {self.shown(target)} ({len(lines)} lines; "
                 f"use {len(lines) + 1}:{len(lines)} to append)"
             )
         lines[cmd.start - 1 : cmd.end] = list(cmd.lines)
@@ -265,11 +273,13 @@ class Scaffold:
             hits = [i for i in range(len(lines) - k + 1) if tuple(lines[i : i + k]) == search]
             label = f"SEARCH block {n}" if len(cmd.pairs) > 1 else "the SEARCH text"
             if not hits:
-                return self._usage(f"{label} was not found in {target} (whitespace must match exactly)")
+                return self._usage(
+                    f"{label} was not found in {self.shown(target)} (whitespace must match exactly)"
+                )
             if len(hits) > 1 and not cmd.replace_all:
                 where = ", ".join(str(i + 1) for i in hits[:10])
                 return self._usage(
-                    f"{label} matches {len(hits)} places in {target} (lines {where}); "
+                    f"{label} matches {len(hits)} places in {self.shown(target)} (lines {where}); "
                     "add context lines to make it unique, or use --replace-all"
                 )
             for i in reversed(hits):  # bottom-up so earlier indices stay valid
@@ -288,10 +298,10 @@ class Scaffold:
         lines, _ = _split_lines(self.sandbox.read_file(target))
         hits = [f"{i}:{line}" for i, line in enumerate(lines, 1) if cmd.term in line]
         if not hits:
-            return f'No matches found for "{cmd.term}" in {target}'
+            return f'No matches found for "{cmd.term}" in {self.shown(target)}'
         body = "\n".join(hits)
         body = truncate_middle(body, self.output_limit_chars, self.prompts.observations["truncated"])
-        return f'Found {len(hits)} matches for "{cmd.term}" in {target}:\n{body}'
+        return f'Found {len(hits)} matches for "{cmd.term}" in {self.shown(target)}:\n{body}'
 
     # ----------------------------------------------------------------- patch
     def head_commit(self) -> str:

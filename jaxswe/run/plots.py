@@ -50,3 +50,29 @@ def plot_metrics(metrics_path: str | Path, out_path: str | Path, *, title: str =
     fig.savefig(out_path, dpi=80)
     plt.close(fig)
     return keys
+
+
+def plot_eval(report: dict[str, Any], out_path: str | Path, *, title: str = "") -> list[tuple[str, float]]:
+    """One bar per task (its success rate over the samples), the overall pass@1 and its 95% interval;
+    returns the (task, rate) bars drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted(report.get("per_task", {}).items())
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(tasks) + 2), 3.5))
+    ax.bar(range(len(tasks)), [t["rate"] for _, t in tasks], color="tab:blue")
+    ax.set_xticks(range(len(tasks)), [name for name, _ in tasks], rotation=60, ha="right", fontsize=7)
+    lo, hi = report["pass_at_1_ci95"]
+    ax.axhline(report["pass_at_1"], color="black", label=f"pass@1 {report['pass_at_1']:.3f}")
+    ax.axhspan(lo, hi, color="gray", alpha=0.25, label=f"95% interval [{lo:.3f}, {hi:.3f}]")
+    ax.set_ylim(0, 1.02)
+    ax.set_ylabel(f"success rate ({report.get('num_episodes', '?')} episodes)")
+    ax.legend(fontsize=7, loc="upper right")
+    ax.set_title(title)
+    fig.tight_layout()
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, dpi=80)
+    plt.close(fig)
+    return [(name, t["rate"]) for name, t in tasks]

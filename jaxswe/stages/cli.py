@@ -20,6 +20,9 @@ CoordinatorOpt = Annotated[
 ]
 NumProcessesOpt = Annotated[int | None, typer.Option("--num-processes", help="JAX processes in the run")]
 ProcessIdOpt = Annotated[int | None, typer.Option("--process-id", help="this process's index, 0..N-1")]
+InitFromOpt = Annotated[
+    str | None, typer.Option("--init-from", help="start from this stage dir (RUN_DIR/rl) or its checkpoints/")
+]
 
 
 def _compile_cache() -> None:
@@ -37,11 +40,14 @@ def _stage_command(name: str):
         run_dir: RunDirOpt,
         set_: SetOpt = None,
         resume: ResumeOpt = False,
+        init_from: InitFromOpt = None,
         coordinator: CoordinatorOpt = None,
         num_processes: NumProcessesOpt = None,
         process_id: ProcessIdOpt = None,
     ) -> None:
         cfg = load_config(config, set_ or [])  # before the heavy imports: a bad config fails at once
+        if init_from:
+            cfg = cfg.model_copy(update={"init_from": init_from})
         from jaxswe.distributed import initialize
         from jaxswe.stages.stages import run_stage
 
@@ -78,9 +84,8 @@ def pipeline(
 
     _compile_cache()
     out = run_pipeline(cfg, run_dir, resume=resume)
-    typer.echo(
-        json.dumps({"stages": [{"name": s["name"], "pass_at_1": s.get("pass_at_1")} for s in out["stages"]]})
-    )
+    stages = [{"name": s["name"], "pass_at_1": s.get("pass_at_1")} for s in out["stages"]]
+    typer.echo(json.dumps({"stages": stages, "paired": out["paired"]}))
 
 
 def register(app: typer.Typer) -> None:

@@ -25,6 +25,7 @@ from jaxswe.stages.runtime import (
     write_model_file,
 )
 from jaxswe.stages.stage_io import prepare_stage_dir, write_json
+from jaxswe.stages.toy import is_toy, toy_policy, toy_tasks
 
 
 @dataclass
@@ -68,6 +69,8 @@ def start_sandboxes(cfg: RunConfig) -> None:
     directories, containers); once a stage's inputs are checked."""
     from envs.backends import isolation, reap
 
+    if is_toy(cfg):  # the toy game runs no commands
+        return
     words = check_isolation(cfg)
     warning = "" if isolation(cfg.env.backend)[1] else "WARNING: "
     print(f"jaxswe: {warning}sandbox isolation: {words}", file=sys.stderr)
@@ -79,8 +82,9 @@ def start_sandboxes(cfg: RunConfig) -> None:
 def check_inputs(cfg: RunConfig) -> tuple[list[Any], list[Any]]:
     """Validate everything outside the model before work starts: settings, isolation, tasks, servers."""
     check_settings(cfg)
-    check_isolation(cfg)
-    tasks = load_pool(cfg.env.tasks)
+    if not is_toy(cfg):  # the toy game runs no commands
+        check_isolation(cfg)
+    tasks = toy_tasks(cfg) if is_toy(cfg) else load_pool(cfg.env.tasks)
     eval_tasks = load_pool(cfg.env.eval_tasks) if cfg.env.eval_tasks else tasks
     if cfg.task_subset:
         known = {t.instance_id for t in [*tasks, *eval_tasks]}
@@ -99,6 +103,8 @@ def open_stage(
 ) -> StageContext:
     """Check inputs, resolve the starting policy and write config.yaml + model.json."""
     tasks, eval_tasks = check_inputs(cfg)
+    if policy is None and is_toy(cfg) and not (init_from or cfg.init_from or cfg.model.path):
+        policy = toy_policy(cfg, stage_dir)  # random init over the toy tokenizer it writes
     policy = policy or resolve_policy(cfg, init_from)
     tokenizer = load_tokenizer(policy.tokenizer_dir)
     prepare_stage_dir(stage_dir, cfg)
@@ -143,7 +149,7 @@ def finish_stage(ctx: StageContext, summary: dict[str, Any], params: Any | None 
         summary["pass_at_1"] = report["pass_at_1"]
         summary["pass_at_1_ci95"] = report["pass_at_1_ci95"]
     metrics = ctx.stage_dir / "metrics.jsonl"
-    if is_main() and metrics.exists():
+    if is_main() and metrics.exists() and summary.get("name") != "eval":  # eval plots its bars itself
         plot_metrics(
             metrics, ctx.stage_dir / "plots" / f"{summary['name']}_curves.png", title=summary["name"]
         )

@@ -10,7 +10,7 @@ from jaxswe.config import RunConfig
 from jaxswe.distributed import is_main
 from jaxswe.rollout.types import SamplingParams
 from jaxswe.run.metrics import MetricsLogger
-from jaxswe.run.plots import plot_metrics
+from jaxswe.run.plots import plot_eval
 from jaxswe.stages.episodes import Episode, save_episodes
 from jaxswe.stages.eval_stats import format_table, summarize
 from jaxswe.stages.rollouts import Backend, EnvFactory, collect_episodes, run_phase
@@ -85,5 +85,5 @@ def run_eval_stage(
     metrics.close()
     if is_main():
         (stage_dir / f"{name}_table.txt").write_text(format_table(report) + "\n")
-        plot_metrics(metrics.path, stage_dir / "plots" / f"{name}.png", title=f"{cfg.name}: {name}")
+        plot_eval(report, stage_dir / "plots" / f"{name}.png", title=f"{cfg.name}: {name}")
     return report

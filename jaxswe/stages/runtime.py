@@ -126,7 +126,7 @@ def resolve_policy(cfg: RunConfig, init_from: str | None = None) -> Policy:
         if not m.tokenizer:
             raise UserError("model.preset needs model.tokenizer (a tokenizer directory)")
         tokenizer = load_tokenizer(m.tokenizer)
-        model_cfg = stage_model(get_preset(m.preset, **model_knobs(cfg)), cfg)
+        model_cfg = stage_model(get_preset(m.preset, **model_knobs(cfg), **m.overrides), cfg)
         if len(tokenizer) > model_cfg.vocab_size:
             model_cfg = model_cfg.replace(vocab_size=-(-len(tokenizer) // 64) * 64)
         return Policy(model_cfg, init_sharded(model_cfg, m.seed, cfg), m.tokenizer)
@@ -199,8 +199,12 @@ def load_pool(path: str) -> list[Any]:
 
 
 def env_factory(cfg: RunConfig, tasks: list[Any]) -> EnvFactory:
-    """task id -> a fresh SWE environment for one episode."""
+    """task id -> a fresh SWE environment (or toy game) for one episode."""
     from jaxswe.agent.swe_env import SWEEnv
+    from jaxswe.stages.toy import is_toy, toy_env_factory
+
+    if is_toy(cfg):
+        return toy_env_factory(cfg)
 
     by_id = {t.instance_id: t for t in tasks}
     return lambda task_id: SWEEnv.from_config(by_id[task_id], cfg)

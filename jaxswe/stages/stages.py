@@ -3,6 +3,8 @@ handing each stage's Orbax checkpoint to the next."""
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,7 @@ from jaxswe.config import RunConfig, dump_config
 from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
 from jaxswe.stages.context import StageContext, check_inputs, ensure_backend, finish_stage, open_stage
+from jaxswe.stages.eval_stats import paired_difference
 from jaxswe.stages.evaluate import run_eval_stage
 from jaxswe.stages.rft import run_rft
 from jaxswe.stages.rl import RLSetup, run_rl
@@ -72,13 +75,44 @@ def run_rl_stage(ctx: StageContext, *, history_from: str | None, resume: bool) -
     return finish_stage(ctx, summary)
 
 
+def result_line(summary: dict[str, Any]) -> str:
+    """A finished stage's headline: pass@1 with its 95% interval when the stage was evaluated."""
+    if summary.get("pass_at_1") is None:
+        rate = summary.get("final_pass_rate", summary.get("sample_pass_rate"))
+        seen = f"training-sample pass rate {rate:.3f}; " if rate is not None else ""
+        return f"{seen}not evaluated (eval.after_stage: false)"
+    lo, hi = summary.get("pass_at_1_ci95") or (float("nan"), float("nan"))
+    episodes = f", {summary['num_episodes']} episodes" if "num_episodes" in summary else ""
+    return f"pass@1 {summary['pass_at_1']:.3f} (95% interval {lo:.3f}-{hi:.3f}{episodes})"
+
+
 def run_stage(
     name: str, cfg: RunConfig, stage_dir: Path, *, init_from: str | None, resume: bool
 ) -> dict[str, Any]:
-    """Run one stage into `stage_dir`; return its summary (also written to summary.json)."""
-    stage_dir = Path(stage_dir)
+    """Run one stage into `stage_dir`: a one-line banner once its inputs are checked, its result
+    line at the end (stderr); return its summary (also written to summary.json)."""
+    start = time.monotonic()
+    summary = _run_stage(name, cfg, Path(stage_dir), init_from=init_from, resume=resume)
+    minutes, seconds = divmod(int(time.monotonic() - start), 60)
+    print(
+        f"jaxswe: == {name} done in {minutes}m{seconds:02d}s: {result_line(summary)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return summary
+
+
+def _banner(name: str, stage_dir: Path, init_from: str | None) -> None:
+    source = f" from {init_from}" if init_from else ""
+    print(f"jaxswe: == {name}{source} -> {stage_dir}", file=sys.stderr, flush=True)
+
+
+def _run_stage(
+    name: str, cfg: RunConfig, stage_dir: Path, *, init_from: str | None, resume: bool
+) -> dict[str, Any]:
     if name == "warmstart":
         tasks, _ = check_inputs(cfg)
+        _banner(name, stage_dir, None)
         stage_dir.mkdir(parents=True, exist_ok=True)
         policy = build_policy(cfg, stage_dir, tasks, env_factory(cfg, tasks))
         ctx = open_stage(cfg, stage_dir, init_from=None, policy=policy)
@@ -86,6 +120,7 @@ def run_stage(
         return finish_stage(ctx, summary, params)
     if name == "rft":
         ctx = open_stage(cfg, stage_dir, init_from=init_from)
+        _banner(name, stage_dir, init_from)
         summary, params = run_rft(ctx, resume=resume)
         return finish_stage(ctx, summary, params)
     if name == "rl":
@@ -93,9 +128,11 @@ def run_stage(
         if cfg.rl.task_filter == "solved_fraction" and source:
             load_history(source)  # fail before any work when it is missing
         ctx = open_stage(cfg, stage_dir, init_from=init_from)
+        _banner(name, stage_dir, init_from)
         return run_rl_stage(ctx, history_from=source, resume=resume)
     if name == "eval":
         ctx = open_stage(cfg, stage_dir, init_from=init_from)
+        _banner(name, stage_dir, init_from)
         report = run_eval_stage(
             cfg, stage_dir, ensure_backend(ctx), ctx.tokenizer, ctx.make_env, ctx.eval_ids
         )
@@ -136,4 +173,28 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, An
         write_json(run_dir / "summary.json", {"stages": summaries})
         if name != "eval":
             previous = str(stage_dir)
-    return {"stages": summaries}
+    out = {"stages": summaries, "paired": paired_comparisons(run_dir, cfg.stages)}
+    for p in out["paired"]:
+        lo, hi = p["ci95"]
+        print(
+            f"jaxswe: {p['after']} - {p['before']} pass@1: {p['diff']:+.3f} (95% interval {lo:+.3f} to "
+            f"{hi:+.3f}, paired over {p['num_tasks']} tasks)",
+            file=sys.stderr,
+        )
+    write_json(run_dir / "summary.json", out)
+    return out
+
+
+def paired_comparisons(run_dir: Path, stages: list[str]) -> list[dict[str, Any]]:
+    """Each evaluated training stage against the previous one, paired over the same eval tasks
+    (the eval.after_stage evaluations, final_eval.json)."""
+    rates = {}
+    for name in stages:
+        report = run_dir / name / "final_eval.json"
+        if name != "eval" and report.is_file():
+            rates[name] = {t: r["rate"] for t, r in read_json(report)["per_task"].items()}
+    names = list(rates)
+    return [
+        {"before": a, "after": b, **paired_difference(rates[a], rates[b])}
+        for a, b in zip(names, names[1:], strict=False)
+    ]

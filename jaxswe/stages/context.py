@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxswe.config import RunConfig
-from jaxswe.distributed import is_main
+from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
 from jaxswe.run.plots import plot_metrics
 from jaxswe.stages.evaluate import run_eval_stage
@@ -157,4 +157,5 @@ def finish_stage(ctx: StageContext, summary: dict[str, Any], params: Any | None 
         asyncio.run(ctx.backend.close())
         ctx.backend = None
     write_json(ctx.stage_dir / "summary.json", summary)
+    barrier(f"{summary['name']} finished")  # process 0's plots and files are done before anyone exits
     return summary

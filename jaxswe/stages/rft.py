@@ -13,6 +13,7 @@ order; the final checkpoint holds the stage summary.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import asdict
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxswe.config import RunConfig
+from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger
@@ -62,6 +64,8 @@ def _read_samples(path: Path, slots: list[str]) -> dict[int, Episode]:
                 "(task list or rft.samples_per_task changed); use a new --run-dir"
             )
         done[slot] = Episode(**{k: v for k, v in row.items() if k in fields})
+    if not is_main():
+        return done
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps({"slot": i, **asdict(e)}) + "\n" for i, e in sorted(done.items())))
     os.replace(tmp, path)
@@ -74,20 +78,21 @@ def collect_samples(ctx: StageContext, path: Path) -> list[Episode]:
     cfg = ctx.cfg
     slots = [t for t in ctx.task_ids for _ in range(cfg.rft.samples_per_task)]
     path.parent.mkdir(parents=True, exist_ok=True)
+    barrier("rft samples ready")  # process 0 may have reset the file
     done = _read_samples(path, slots)
+    barrier("rft samples read")  # every process runs the same slots
     todo = [i for i in range(len(slots)) if i not in done]
     if done:
         print(f"jaxswe rft: {len(done)}/{len(slots)} samples already collected; running {len(todo)}")
     if todo:
         backend = ensure_backend(ctx)
-        with path.open("a") as out:
+        with path.open("a") if is_main() else contextlib.nullcontext() as out:
 
-            def stream(j: int, episode: Episode) -> None:
+            def stream(j: int, episode: Episode) -> None:  # process 0 only (it runs the episodes)
                 out.write(json.dumps({"slot": todo[j], **asdict(episode)}) + "\n")
                 out.flush()
-                done[todo[j]] = episode
 
-            run_phase(
+            episodes, _ = run_phase(
                 backend,
                 collect_episodes(
                     [slots[i] for i in todo],
@@ -100,6 +105,7 @@ def collect_samples(ctx: StageContext, path: Path) -> list[Episode]:
                     on_done=stream,
                 ),
             )
+        done.update({todo[j]: e for j, e in enumerate(episodes)})  # every process gets them
     return [done[i] for i in range(len(slots))]
 
 
@@ -108,7 +114,7 @@ def run_rft(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], Any]:
     cfg, stage_dir = ctx.cfg, ctx.stage_dir
     samples_path = stage_dir / "trajectories" / "samples.jsonl"
     ckpt_dir = stage_dir / "checkpoints"
-    if not resume:
+    if not resume and is_main():
         samples_path.unlink(missing_ok=True)
     episodes = collect_samples(ctx, samples_path)
     kept = [e for e in episodes if e.resolved]

@@ -104,7 +104,12 @@ def test_one_rl_iteration_over_http(tmp_path, task_root, model_dir):
                         "attention": "dense",
                         "remat": "none",
                     },
-                    "rollout": {"engine": "http", "urls": [url], "max_new_tokens": 16},
+                    "rollout": {  # float32 weight syncs: the gap check below is exact numerics
+                        "engine": "http",
+                        "urls": [url],
+                        "max_new_tokens": 16,
+                        "export_dtype": "float32",
+                    },
                     "env": {"tasks": str(task_root), "backend": "local", "max_parallel": 4},
                     "agent": {"max_turns": 2, "max_context_tokens": 2048},
                     "optimizer": {"lr": 1e-3},

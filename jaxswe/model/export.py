@@ -29,7 +29,11 @@ def is_stage_dir(path: str | Path) -> bool:
     from jaxswe.stages.runtime import MODEL_FILE
 
     path = Path(path)
-    return (path / MODEL_FILE).is_file() or (path.parent / MODEL_FILE).is_file()
+    if (path / "config.json").is_file():  # a Hugging Face dir (e.g. RUN_DIR/rl/weights) is not one
+        return False
+    return (path / MODEL_FILE).is_file() or (
+        path.name == "checkpoints" and (path.parent / MODEL_FILE).is_file()
+    )
 
 
 def load_stage(stage: str | Path) -> tuple[Any, Any, str]:

@@ -62,11 +62,11 @@ class ServerSideTopK(Sampler):
 
     top_k = 2
 
-    def generate(self, requests):
+    def generate(self, requests, **kwargs):
         forced = [
             dataclasses.replace(r, params=dataclasses.replace(r.params, top_k=self.top_k)) for r in requests
         ]
-        return super().generate(forced)
+        return super().generate(forced, **kwargs)
 
 
 class ServerThread:
@@ -103,7 +103,8 @@ def _peaked_policy(tmp_path):
 def _rl(tmp_path, name, policy, tok, server, iterations):
     cfg = toy_config(
         optimizer={"lr": 1e-6},
-        rollout={"engine": "http", "urls": [server.url], "max_new_tokens": 2},
+        # float32 weight syncs: the unbiased run also checks the rollout-trainer gap (< 1e-4)
+        rollout={"engine": "http", "urls": [server.url], "max_new_tokens": 2, "export_dtype": "float32"},
         rl={"iterations": iterations, "problems_per_iteration": 4, "group_size": 4, "rows_per_step": 8},
     )
     ctx = toy_context(cfg, tmp_path / name, policy, tok, NV)

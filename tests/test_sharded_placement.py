@@ -2,6 +2,8 @@
 an export, every live weight matrix and its Adam moments sit in the trainer's shardings, one
 eighth per device; none is whole on any device."""
 
+import gc
+
 import jax
 import numpy as np
 
@@ -23,11 +25,12 @@ def _matrix_shapes() -> set[tuple[int, ...]]:
     return {tuple(v.shape) for k, v in flat if str(k[-1].key) in MATRICES}
 
 
-def _check_live(where: str) -> int:
-    """Every live array shaped like a weight matrix (params, Adam m and v): 1/8 per device."""
+def _check_live(where: str, before: set[int]) -> int:
+    """Every live array shaped like a weight matrix (params, Adam m and v) made since `before` (the
+    ids live when the test began: other tests' arrays): 1/8 per device."""
     shapes, seen = _matrix_shapes(), 0
     for x in jax.live_arrays():
-        if tuple(x.shape) in shapes and not x.is_deleted():
+        if tuple(x.shape) in shapes and not x.is_deleted() and id(x) not in before:
             per_device = max(s.data.nbytes for s in x.addressable_shards)
             assert per_device * 8 == x.nbytes, (
                 f"{where}: {x.shape} holds {per_device} of {x.nbytes} bytes on a device"
@@ -43,10 +46,12 @@ def _check_placed(tree, where: str) -> None:
 
 
 def test_load_step_restore_export_stay_sharded(tmp_path):
+    gc.collect()
+    before = {id(x) for x in jax.live_arrays()}
     save_hf(tmp_path / "hf", MODEL, init_params(MODEL, jax.random.key(0)), dtype="bfloat16")
     model_cfg, params = load_hf(tmp_path / "hf", shardings=lambda c: params_placement(c, CFG.mesh))
     _check_placed(params, "load_hf")
-    assert _check_live("after load_hf") == len(MATRICES)
+    assert _check_live("after load_hf", before) == len(MATRICES)
 
     trainer = Trainer(model_cfg, params, CFG.optimizer, mesh_cfg=CFG.mesh)
     del params
@@ -59,14 +64,14 @@ def test_load_step_restore_export_stay_sharded(tmp_path):
     }
     trainer.sft_update(batch)
     _check_placed(trainer.params, "train step")
-    assert _check_live("after a train step") == 3 * len(MATRICES)  # params, m, v
+    assert _check_live("after a train step", before) == 3 * len(MATRICES)  # params, m, v
 
     stage = tmp_path / "stage"
     Checkpoints(stage / "checkpoints").save(1, trainer.state(), {})
     write_model_file(stage, Policy(model_cfg, trainer.params, str(tmp_path)))
     restored = policy_from_checkpoint(CFG, stage)
     _check_placed(restored.params, "restore")
-    _check_live("after restore")
+    _check_live("after restore", before)
 
     save_hf(tmp_path / "export", model_cfg, trainer.params, dtype="bfloat16")
-    _check_live("after export")
+    _check_live("after export", before)

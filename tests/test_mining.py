@@ -12,7 +12,9 @@ from envs.mining import STAGES, Outcome, _stable, mine, split_commit, stage_coun
 from envs.tasks import load_tasks
 from envs.validate import validate_task
 
-BUNDLE = Path("/work/shared/repos/toolz.bundle")
+BUNDLE = (
+    Path(__file__).resolve().parents[2] / "shared" / "repos" / "toolz.bundle"
+)  # ../shared beside the checkout
 FIX = "5a7e078"  # partition_all raises on a lying __len__ (toolz#603)
 
 

@@ -12,7 +12,9 @@ from envs.images import BASE_IMAGE, build_task_image, env_image
 from envs.tasks import task_from_record
 
 pytestmark = pytest.mark.docker
-BUNDLE = Path("/work/shared/repos/cachetools.bundle")
+BUNDLE = (
+    Path(__file__).resolve().parents[2] / "shared" / "repos" / "cachetools.bundle"
+)  # ../shared beside the checkout
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from envs.grading import grade
 from envs.tasks import task_from_record
 from envs.venvs import task_venv, venv_key
 
-REPOS = Path("/work/shared/repos")
+REPOS = Path(__file__).resolve().parents[2] / "shared" / "repos"  # ../shared beside the checkout (CI too)
 FIX = "5a7e078"
 
 

@@ -16,7 +16,9 @@ from envs.grading import grade
 from envs.mining import mine_commit
 from envs.tasks import task_from_record
 
-BUNDLE = Path("/work/shared/repos/boltons.bundle")
+BUNDLE = (
+    Path(__file__).resolve().parents[2] / "shared" / "repos" / "boltons.bundle"
+)  # ../shared beside the checkout
 FIX = "289edfc"
 RECIPE = {"test_cmd": "pytest -rA", "pip_packages": ["pytest~=7.4"]}  # boltons' conftest predates pytest 9
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -187,3 +188,57 @@ __all__ = [
     "cuda_devices",
     "trainer_model",
 ]
+
+
+_NODE = re.compile(
+    r"^(?P<indent>[\s│├└─]*)(?P<name>.+?) \([\d.]+%, total: [\d ]+ bytes, current: (?P<cur>[\d ]+) bytes"
+)
+
+
+def _item_of(name: str, path: tuple[str, ...]) -> str:
+    """The planner item a buffer live at the peak belongs to, from its HLO name and the op_name
+    scopes above it (XLA's "stack trace breakdown for peak usage")."""
+    scopes = " ".join(path + (name,))
+    if scopes.startswith("state") or " state" in scopes:
+        return "optimizer" if "opt_state" in scopes else "params"
+    if path[:1] == ("params",) or name == "params":
+        return "params"
+    if path[:1] == ("batch",) or name == "batch":
+        return "batch"
+    if "wrapped_transpose" in name:
+        return "layout_copies"
+    if "scatter-add" in name and "_take" in name:
+        return "embed_grad"
+    layer_bwd = any(p.endswith("transpose(jvp())/while") for p in path)
+    if name.startswith("param.") or name.endswith("transpose(jvp())/while{1}"):
+        return "grads"  # loop-carried: the accumulator and this micro-batch's stacked gradients
+    if layer_bwd:
+        return "layer_recompute"
+    if "/jvp()/while" in name:
+        return "activations"  # the forward layer scan's saved inputs
+    if any(p.endswith("closed_call/while") for p in path):
+        return "layer_forward"
+    return "other"
+
+
+def peak_items(live_range_txt: str) -> dict[str, int]:
+    """Bytes live at the peak of a compiled module, by planner item, from the
+    `*-live-range.txt` file XLA writes under --xla_dump_to (GPU compiler)."""
+    start = live_range_txt.find("Stack trace breakdown for peak usage")
+    if start < 0:
+        raise ValueError("no peak breakdown in this live-range dump")
+    items: dict[str, int] = {}
+    stack: list[tuple[int, str]] = []
+    for line in live_range_txt[start:].splitlines()[2:]:  # [1] is the module's root
+        m = _NODE.match(line)
+        if m is None:
+            continue
+        depth = len(m["indent"])
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        cur = int(m["cur"].replace(" ", ""))
+        if cur:
+            key = _item_of(m["name"], tuple(n for _, n in stack if not n.startswith("region_")))
+            items[key] = items.get(key, 0) + cur
+        stack.append((depth, m["name"]))
+    return items

@@ -22,8 +22,9 @@ class PlanError(UserError):
 
 
 def model_config_of(cfg: RunConfig) -> tuple[Qwen2Config, str]:
-    """The model's shape: config.json under model.path if present, else model.preset, else the
-    preset whose name starts the path's last component (e.g. .../Qwen2.5-72B-Instruct)."""
+    """The model's shape: config.json under model.path if present, else model.preset (with
+    model.overrides), else the preset whose name starts the path's last component (e.g.
+    .../Qwen2.5-72B-Instruct)."""
     path = Path(cfg.model.path) if cfg.model.path else None
     if path is not None and (path / "config.json").is_file():
         return read_hf_config(path), str(path / "config.json")
@@ -34,7 +35,7 @@ def model_config_of(cfg: RunConfig) -> tuple[Qwen2Config, str]:
     if name is None:
         raise PlanError(f"model.path {cfg.model.path!r} has no config.json here and no model.preset is set")
     try:
-        return get_preset(name), f"preset {name}"
+        return get_preset(name, **cfg.model.overrides), f"preset {name}"
     except ModelConfigError as err:
         raise PlanError(str(err)) from None
 
@@ -85,6 +86,7 @@ def plan_input(cfg: RunConfig, stage: str | None = None) -> tuple[PlanInput, str
         rules=m.rules,
         attention_block=cfg.model.attention_block,
         logprob_chunk=cfg.model.logprob_chunk,
+        batch_keys=6 if stage == "rl" else 4,
         device_memory_bytes=int(m.gpu_memory_gb * 1e9),
         headroom_fraction=m.memory_headroom,
         peak_flops=m.peak_tflops * 1e12,
@@ -119,9 +121,12 @@ def render(p: Plan, inp: PlanInput, what: str) -> str:
             continue
         note = f"  (largest: {p.largest_transient})" if k == "transient" else ""
         lines.append(f"  {k:<12}{_gb(v)}{note}")
+    rc = p.recompute_bytes
     lines += [
         f"  {'total':<12}{_gb(p.per_device_bytes['total'])} of {_gb(p.usable_bytes).strip()} usable "
         f"({_gb(p.device_memory_bytes).strip()} minus {inp.headroom_fraction:.0%} headroom)",
+        f"  {'recompute':<12}{_gb(rc['total'])}  (old log-probs: params + "
+        f"{(rc['total'] - rc['params']) / 1e9:.2f} GB)",
         f"fits: {'yes' if p.fits else 'NO'} — {p.advice}",
         f"FLOPs per step: {p.model_flops:.3e} model, {p.hardware_flops:.3e} with recompute; "
         f"~{p.step_time_s:.0f} s per step at {p.mfu:.0%} MFU",

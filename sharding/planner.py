@@ -85,6 +85,7 @@ class PlanInput:
     rules: Mapping[str, Any] | None = None
     attention_block: int = 512
     logprob_chunk: int = 1024
+    batch_keys: int = 6  # [B, T] int32/float32 arrays a step takes (DAPO 6, SFT 4)
     device_memory_bytes: int = 141 * 10**9
     headroom_fraction: float = 0.1
     peak_flops: float = 989e12  # H200 dense bf16
@@ -96,8 +97,10 @@ class Plan:
     params_total: int
     devices: int
     tokens_per_device: int  # per micro-batch
-    per_device_bytes: dict[str, int]  # params, grads, optimizer, activations, transient, total
+    per_device_bytes: dict[str, int]  # the train step's items and their total
     largest_transient: str
+    transients: dict[str, int]  # the candidates for the step's largest transient buffer
+    recompute_bytes: dict[str, int]  # the old-log-prob recompute pass's items and their total
     device_memory_bytes: int
     usable_bytes: int
     fits: bool
@@ -159,10 +162,13 @@ def plan(inp: PlanInput) -> Plan:
     pbytes, abytes = _BYTES[inp.param_dtype], _BYTES[inp.compute_dtype]
 
     shard_elems = 0
+    layout_elems = 0  # the w_down and wo shards (see "layout_copies")
     layer_elems = 0  # one layer's params on a device after FSDP all-gather (tensor shards stay)
-    for shape, names in m.params().values():
+    for name, (shape, names) in m.params().items():
         spec = spec_for_shape(names, shape, sizes, rules)
         shard_elems += math.prod(shard_shape(shape, spec, sizes))
+        if name in ("w_down", "wo"):
+            layout_elems += math.prod(shard_shape(shape, spec, sizes))
         if names[0] == "layers":
             gathered = [
                 s if n not in ("heads", "kv_heads", "mlp") else s // _axis_shards(sizes, rules, n, s)
@@ -185,7 +191,7 @@ def plan(inp: PlanInput) -> Plan:
     tp_v = _axis_shards(sizes, rules, "act_vocab", m.vocab)
 
     per_tok = saved_bytes_per_token_layer(m, inp.remat, tp_h, tp_kv, tp_f, abytes)
-    activations = int(m.layers * t_dev * per_tok + 4 * t_dev * m.hidden * abytes)  # + embed/final hidden
+    activations = int(m.layers * t_dev * per_tok)
 
     q_w, kv_w = m.heads * m.head_dim / tp_h, m.kv_heads * m.head_dim / tp_kv
     blk = min(inp.attention_block, inp.seq_len // ctx)
@@ -209,16 +215,42 @@ def plan(inp: PlanInput) -> Plan:
         "gathered_layer": layer_elems * (2 * abytes + 4),
     }
     largest = max(transients, key=transients.get)
+    grad_copies = 1 if inp.num_micro == 1 else 2  # the micro-batch sum and this micro-batch's
+    vocab_matrix = m.vocab * m.hidden / tp_v * 4
     per_device = {
         "params": shard_elems * pbytes,
-        "grads": shard_elems * 4,  # float32 accumulator over micro-batches
         "optimizer": shard_elems * 2 * 4,  # AdamW m and v in float32
+        "batch": inp.batch_keys * rows_dev * inp.num_micro * inp.seq_len // ctx * 4,
+        "grads": grad_copies * shard_elems * 4,  # float32
+        # XLA forms the embedding lookup's gradient (a scatter-add) and the LM head's gradient as
+        # whole float32 [vocab, embed] matrices on every device before reducing them to shards
+        "vocab_grads": int(2 * vocab_matrix),
         "activations": activations,
+        # XLA's float32 copies of the w_down and wo shards with the sharded embed axis moved first
+        "layout_copies": layout_elems * 4,
         "transient": int(transients[largest]),
     }
     per_device["total"] = sum(per_device.values())
+    # the recompute pass runs the step's micro-batches one at a time through the forward only
+    tokens_dev = rows_dev * inp.num_micro * inp.seq_len // ctx
+    recompute_transients = {
+        # one layer's forward: gate, up and their product, plus two [T, E] arrays
+        "layer_forward": t_dev * (3 * m.intermediate / tp_f + 2 * m.hidden) * abytes,
+        # the ring's float32 partial outputs of every hop but the last, combined at the end
+        "context_ring": (ctx - 1) * t_dev * q_w * 4,
+        # the embedding lookup gathers the whole table, in float32
+        "embed_table": vocab_matrix,
+    }
+    recompute = {
+        "params": per_device["params"],
+        "batch": 3 * tokens_dev * 4,
+        "outputs": 2 * tokens_dev * 4,  # float32 log-probs and entropies
+        "layout_copies": per_device["layout_copies"],
+        "transient": int(max(recompute_transients.values())),
+    }
+    recompute["total"] = sum(recompute.values())
     usable = int(inp.device_memory_bytes * (1 - inp.headroom_fraction))
-    fits = per_device["total"] <= usable
+    fits = max(per_device["total"], recompute["total"]) <= usable
     items = {k: v for k, v in per_device.items() if k != "total"}
     biggest = max(items, key=items.get)
     advice = "fits" if fits else _advice(biggest, largest, inp, sizes)
@@ -235,6 +267,8 @@ def plan(inp: PlanInput) -> Plan:
         tokens_per_device=t_dev,
         per_device_bytes=per_device,
         largest_transient=largest,
+        transients={k: int(v) for k, v in transients.items()},
+        recompute_bytes=recompute,
         device_memory_bytes=inp.device_memory_bytes,
         usable_bytes=usable,
         fits=fits,

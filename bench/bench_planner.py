@@ -89,14 +89,21 @@ def rows_of(config: Path, compiled: dict) -> list[tuple[str, float, float]]:
         ("params", pd["params"], step["args_by_group"]["params"]),
         ("optimizer", pd["optimizer"], step["args_by_group"]["optimizer"]),
     ]
-    for item in ("grads", "embed_grad", "activations", "layer_recompute", "layout_copies"):
+    # what is live at the peak instruction of XLA's live-range analysis (GPU dumps only); the
+    # packed temp buffer the device allocates can be larger than that instant's live set
+    for item in ("grads", "vocab_grads", "activations", "layer_recompute", "layout_copies"):
         if peak:
-            rows.append((f"at peak: {item}", pd.get(item, p.transients.get(item, 0)), peak.get(item, 0)))
+            rows.append((f"live at peak: {item}", pd.get(item, p.transients.get(item, 0)), peak.get(item, 0)))
     temps = pd["total"] - pd["params"] - pd["optimizer"] - pd["batch"]
     rows += [
+        ("batch", pd["batch"], step["arguments"] - sum(step["args_by_group"].values())),
         ("step temporaries", temps, step["temporaries"]),
         ("step total", pd["total"], step["peak"]),
-        ("recompute temporaries", rc["total"] - rc["params"] - rc["batch"], rec["temporaries"]),
+        (
+            "recompute temporaries",
+            rc["total"] - rc["params"] - rc["batch"] - rc["outputs"],
+            rec["temporaries"],
+        ),
         ("recompute total", rc["total"], rec["peak"]),
     ]
     return rows

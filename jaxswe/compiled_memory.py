@@ -208,7 +208,7 @@ def _item_of(name: str, path: tuple[str, ...]) -> str:
     if "wrapped_transpose" in name:
         return "layout_copies"
     if "scatter-add" in name and "_take" in name:
-        return "embed_grad"
+        return "vocab_grads"
     layer_bwd = any(p.endswith("transpose(jvp())/while") for p in path)
     if name.startswith("param.") or name.endswith("transpose(jvp())/while{1}"):
         return "grads"  # loop-carried: the accumulator and this micro-batch's stacked gradients

@@ -1,10 +1,12 @@
 """Per-device memory and FLOPs of a training setup, from plain numbers (no model code, no devices).
 
 `plan(PlanInput(...))` mirrors how `sharding.rules` lays the params out (same `spec_for_shape`),
-so param, gradient and AdamW-state bytes per device are exact; activations saved under the remat
-policy and the largest transient buffer are estimates (bytes per token per layer, counted from
-the Qwen2 layer's arrays); FLOPs are 6 x matmul params x tokens plus causal attention, times 4/3
-when layers are recomputed in the backward pass.
+so param, gradient and AdamW-state bytes per device are exact. The other items model what XLA's
+GPU compiler allocates for jaxswe's train step and recompute pass (checked per item against
+deviceless H200 compiles of every shipped config by bench/bench_planner.py): two float32 gradient
+copies, whole-vocab float32 gradients, the layer inputs saved under the remat policy, float32
+layout copies of two weights, and the largest transient buffer. FLOPs are 6 x matmul params x
+tokens plus causal attention, times 4/3 when layers are recomputed in the backward pass.
 """
 
 from __future__ import annotations
@@ -289,7 +291,9 @@ def _advice(biggest: str, transient: str, inp: PlanInput, sizes: Mapping[str, in
             "activations dominate: raise optimizer.micro_batches, or raise mesh context "
             f"(now {sizes.get('context', 1)}) to split each sequence over more devices"
         )
-    if biggest in ("params", "grads", "optimizer"):
+    if biggest == "vocab_grads":
+        return "whole-vocab float32 gradients dominate: raise mesh tensor (it splits the vocab)"
+    if biggest in ("params", "grads", "optimizer", "layout_copies", "batch"):
         return (
             f"{biggest} dominate: shard over more devices (mesh fsdp, now {sizes.get('fsdp', 1)}) "
             "or add hosts"

@@ -65,6 +65,7 @@ def test_plan_cli_json_and_errors(capsys, tmp_path):
         "total",
     }
     assert out["device_memory_bytes"] == 141 * 10**9
+    assert 0 < out["recompute_bytes"]["total"] < out["per_device_bytes"]["total"]
     # Too little memory: exit 1 and the table names the problem.
     with pytest.raises(SystemExit) as ex:
         main(["plan", "--config", "configs/qwen2.5-72b/rl-stage2.yaml", "--set", "mesh.gpu_memory_gb=20"])

@@ -8,7 +8,7 @@ from typing import Any
 
 from jaxswe.config import RunConfig
 from jaxswe.distributed import is_main
-from jaxswe.rollout.types import SamplingParams
+from jaxswe.rollout.types import SamplingParams, derive_seed
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.plots import plot_eval
 from jaxswe.stages.episodes import Episode, save_episodes
@@ -26,6 +26,8 @@ def eval_sampling(cfg: RunConfig, stop_token_ids: tuple[int, ...] = ()) -> Sampl
         min_p=r.min_p,
         max_new_tokens=r.max_new_tokens,
         stop_token_ids=stop_token_ids,
+        # the same seed after every stage: stage comparisons are paired on common random numbers
+        sampling_seed=derive_seed(cfg.seed, "eval"),
     )
 
 

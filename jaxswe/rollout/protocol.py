@@ -74,9 +74,13 @@ NEUTRAL_SENT: dict[str, Any] = {
 
 def sampling_params_to_json(params: SamplingParams) -> dict[str, Any]:
     """Every sampling parameter, explicitly (the server must not fill in defaults): ours, and the
-    penalties and the rest of `NEUTRAL_SENT` at their neutral values."""
+    penalties and the rest of `NEUTRAL_SENT` at their neutral values. `sampling_seed` only when
+    set (a server without one uses its own RNG; SGLang honours it with
+    --enable-deterministic-inference)."""
     out = dataclasses.asdict(params)
     out["stop_token_ids"] = list(params.stop_token_ids)
+    if params.sampling_seed is None:
+        del out["sampling_seed"]
     return {**out, **NEUTRAL_SENT}
 
 

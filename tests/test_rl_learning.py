@@ -14,8 +14,9 @@ observation every `submit N` after a look is equally good, softmax policy gradie
 of them, and a near-deterministic wrong answer gets almost no gradient; the bonus keeps the choice
 open until copying is learned. With 4 values, success stayed between 0.25 and 0.84 over the seeds
 and coefficients tried (0 to 0.1, 40-60 iterations), and ToyEnv's earlier long prompts (53 tokens
-of context at the decision instead of 25) slowed copying further. Through the CLI (seed 0): pass
-rate 0.00 at iteration 1, 0.80 at 13, 1.0 from 21 (one dip to 0.44 at 18), 104 s of CPU time.
+of context at the decision instead of 25) slowed copying further. Through the CLI with
+per-request sampling seeds (runs are now reproducible): seed 1 (the config's) passes 0.81 at
+iteration 13 and stays at 0.86-1.0; seed 2 reaches 0.8 at 13 too; seed 0 stalls near 0.5.
 `JAXSWE_LEARNING_SET` (space-separated key=value overrides, e.g. "seed=1 rl.entropy_coef=0") changes
 the settings for tuning runs by hand."""
 

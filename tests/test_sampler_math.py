@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxswe.rollout.sampling import row_params, sample_tokens, truncation_mask
+from jaxswe.rollout.sampling import row_keys, row_params, sample_tokens, truncation_mask
 
 VOCAB = 16
 N = 40_000
@@ -22,11 +22,16 @@ def _softmax64(x):
     return e / e.sum()
 
 
+def _keys(seed, n):
+    """Row i samples the token at position i of a request seeded `seed`."""
+    return row_keys(jnp.asarray(np.tile([[0, seed]], (n, 1)), jnp.uint32), jnp.arange(n))
+
+
 def _draw(logits_v, *, temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, n=N, seed=0, jit=True):
     logits_nv = jnp.broadcast_to(jnp.asarray(logits_v, jnp.float32), (n, VOCAB))
     rp = row_params([temperature] * n, [top_p] * n, [top_k] * n, [min_p] * n)
     fn = jax.jit(sample_tokens) if jit else sample_tokens
-    tokens, lps = fn(jax.random.PRNGKey(seed), logits_nv, rp)
+    tokens, lps = fn(_keys(seed, n), logits_nv, rp)
     return np.asarray(tokens), np.asarray(lps)
 
 
@@ -108,7 +113,7 @@ def test_rows_keep_their_own_parameters():
     n = 8000
     logits_nv = jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (2 * n, VOCAB))
     rp = row_params([1.0] * n + [1.0] * n, [1.0] * 2 * n, [-1] * n + [2] * n, [0.0] * 2 * n)
-    tokens, _ = jax.jit(sample_tokens)(jax.random.PRNGKey(7), logits_nv, rp)
+    tokens, _ = jax.jit(sample_tokens)(_keys(7, 2 * n), logits_nv, rp)
     tokens = np.asarray(tokens)
     assert _chi2_pvalue(tokens[:n], _softmax64(logits)) > 1e-3
     top2, _ = _expected_truncated(logits, top_k=2)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxswe.stages.eval_stats import paired_difference
+from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference
 from jaxswe.stages.stages import result_line
 
 
@@ -31,3 +31,17 @@ def test_t_quantiles():
     from jaxswe.stages.eval_stats import t975
 
     assert t975(3) == 3.182 and t975(11) == 2.228 and t975(1000) == 1.96
+
+
+def test_fixed_task_difference_sums_smoothed_binomial_variances():
+    before = {"a": (2, 8), "b": (0, 8), "only_before": (8, 8)}
+    after = {"a": (6, 8), "b": (8, 8)}
+    out = fixed_task_difference(before, after)
+    assert out["diff"] == pytest.approx((0.5 + 1.0) / 2) and out["num_episodes"] == 32
+    var = sum(p * (1 - p) / 10 for p in (3 / 10, 7 / 10, 1 / 10, 9 / 10))  # (c+1)/(n+2), 4 rates
+    centre, half = ((7 / 10 - 3 / 10) + (9 / 10 - 1 / 10)) / 2, 1.96 * var**0.5 / 2
+    assert out["ci95"] == pytest.approx([centre - half, centre + half]) and out["significant"]
+    # the same gain on 2 samples per task is within noise; 0/n and n/n still carry variance
+    assert not fixed_task_difference({"a": (0, 2)}, {"a": (2, 2)})["significant"]
+    with pytest.raises(ValueError, match="no samples"):
+        fixed_task_difference({"a": (0, 0)}, {"a": (0, 1)})

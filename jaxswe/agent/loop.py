@@ -7,6 +7,11 @@ outside the policy (sandbox, server, grading, or a Step with `info["infra_error"
 "error" with `infra_error` set, so RL can exclude it instead of scoring it 0. An environment that
 ends an episode with ended_by "error" and no `infra_error` (e.g. too many format errors) blamed
 the policy: the episode keeps its reward from `env.reward()`.
+
+Seeds: when `sampling.sampling_seed` is set, `run_episodes` gives each episode its own seed from
+(that seed, task id, which sample of the task it is) and `run_episode` each turn one from (the
+episode's seed, turn number), so an episode's tokens do not depend on which episodes run beside it,
+in which order, or how the engine batched them.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any, TypeVar
 
 from envs.base import Environment
 from jaxswe.agent.trajectory import ChatFormat, Trajectory, Turn
-from jaxswe.rollout.types import Engine, Generation, SamplingParams, policy_version
+from jaxswe.rollout.types import Engine, Generation, SamplingParams, derive_seed, policy_version
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,11 +52,29 @@ def _check_generation(gen: Generation, max_new_tokens: int) -> None:
         raise RuntimeError(f"engine returned {len(gen.output_ids)} ids for max_new_tokens={max_new_tokens}")
 
 
-def _turn_params(sampling: SamplingParams, end_of_turn_id: int, budget: int) -> SamplingParams:
+def _turn_params(sampling: SamplingParams, end_of_turn_id: int, budget: int, turn: int) -> SamplingParams:
     stops = tuple(sampling.stop_token_ids)
     if end_of_turn_id not in stops:
         stops = (*stops, end_of_turn_id)
-    return replace(sampling, max_new_tokens=min(sampling.max_new_tokens, budget), stop_token_ids=stops)
+    seed = None if sampling.sampling_seed is None else derive_seed("turn", sampling.sampling_seed, turn)
+    return replace(
+        sampling,
+        max_new_tokens=min(sampling.max_new_tokens, budget),
+        stop_token_ids=stops,
+        sampling_seed=seed,
+    )
+
+
+def episode_seeds(task_ids: Sequence[object], seed: int | None) -> list[int | None]:
+    """One seed per episode from (`seed`, its task id, how many episodes of that task came before)."""
+    if seed is None:
+        return [None] * len(task_ids)
+    seen: dict[object, int] = {}
+    out = []
+    for task in task_ids:
+        k = seen[task] = seen.get(task, -1) + 1
+        out.append(derive_seed("episode", seed, task, k))
+    return out
 
 
 async def run_episode(
@@ -93,7 +116,7 @@ async def run_episode(
             if budget < 1:
                 traj.ended_by = "context"
                 break
-            params = _turn_params(sampling, chat.end_of_turn_id, budget)
+            params = _turn_params(sampling, chat.end_of_turn_id, budget, traj.num_turns)
             t0 = time.perf_counter()
             gen = await engine.generate(list(traj.input_ids), params)
             timing["model_s"] += time.perf_counter() - t0
@@ -175,6 +198,8 @@ async def run_episodes(
         raise ValueError("concurrency must be >= 1")
     chat = ChatFormat.from_tokenizer(tokenizer)
     gate = asyncio.Semaphore(concurrency)
+    tasks = [getattr(env, "task_id", None) or f"#{i}" for i, env in enumerate(envs)]
+    seeds = episode_seeds(tasks, sampling.sampling_seed)
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="jaxswe-env") as pool:
 
         async def one(i: int, env: Environment) -> Trajectory:
@@ -183,7 +208,7 @@ async def run_episodes(
                     env,
                     engine,
                     tokenizer,
-                    sampling=sampling,
+                    sampling=replace(sampling, sampling_seed=seeds[i]),
                     max_turns=max_turns,
                     max_context_tokens=max_context_tokens,
                     chat=chat,

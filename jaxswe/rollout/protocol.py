@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxswe.errors import UserError
-from jaxswe.rollout.types import Generation, SamplingParams
+from jaxswe.rollout.types import MAX_SEED, Generation, SamplingParams
 
 
 class ProtocolError(UserError):
@@ -44,7 +44,6 @@ _NEUTRAL_KEYS: dict[str, Any] = {
     "json_schema": None,
     "regex": None,
     "ebnf": None,
-    "sampling_seed": None,
 }
 _PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 
@@ -75,9 +74,13 @@ NEUTRAL_SENT: dict[str, Any] = {
 
 def sampling_params_to_json(params: SamplingParams) -> dict[str, Any]:
     """Every sampling parameter, explicitly (the server must not fill in defaults): ours, and the
-    penalties and the rest of `NEUTRAL_SENT` at their neutral values."""
+    penalties and the rest of `NEUTRAL_SENT` at their neutral values. `sampling_seed` only when
+    set (a server without one uses its own RNG; SGLang honours it with
+    --enable-deterministic-inference)."""
     out = dataclasses.asdict(params)
     out["stop_token_ids"] = list(params.stop_token_ids)
+    if params.sampling_seed is None:
+        del out["sampling_seed"]
     return {**out, **NEUTRAL_SENT}
 
 
@@ -104,11 +107,20 @@ def sampling_params_from_json(obj: Any) -> SamplingParams:
             min_p=float(kwargs.get("min_p", 0.0)),
             max_new_tokens=int(kwargs.get("max_new_tokens", 128)),
             stop_token_ids=tuple(int(t) for t in (kwargs.get("stop_token_ids") or ())),
+            sampling_seed=_seed(kwargs.get("sampling_seed")),
         )
     except (TypeError, ValueError) as err:
         raise ProtocolError(f"sampling_params: {err}") from None
     check_sampling_params(params)
     return params
+
+
+def _seed(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"sampling_seed must be an integer or null, got {value!r}")
+    return value
 
 
 def check_sampling_params(params: SamplingParams) -> None:
@@ -123,6 +135,10 @@ def check_sampling_params(params: SamplingParams) -> None:
         raise ProtocolError(f"sampling_params.min_p must be in [0, 1], got {params.min_p}")
     if params.max_new_tokens < 0:
         raise ProtocolError(f"sampling_params.max_new_tokens must be >= 0, got {params.max_new_tokens}")
+    if params.sampling_seed is not None and not 0 <= params.sampling_seed < MAX_SEED:
+        raise ProtocolError(
+            f"sampling_params.sampling_seed must be in [0, 2**63), got {params.sampling_seed}"
+        )
 
 
 def _per_prompt(value: Any, n: int, name: str) -> list[Any]:

@@ -5,6 +5,9 @@ tokens and token budgets. Batch size, prompt length and decode budget are padded
 two, so a server sees a handful of compiled shapes. The decode loop is a `lax.while_loop` that
 stops as soon as every row has finished, run in chunks so that requests can be aborted between
 them. The model's EOS ids end every request that does not set `ignore_eos` (as in SGLang).
+Each row samples with its own key, a function of its request's `sampling_seed` and the token's
+position only (`sampling.row_keys`), so a seeded request gets the same tokens alone or in any
+batch; a request without a seed gets one from the sampler's seeded stream.
 Log-prob semantics: see `jaxswe.rollout.sampling`.
 """
 
@@ -21,8 +24,8 @@ import numpy as np
 
 from jaxswe import model as M
 from jaxswe.rollout.protocol import GenerateRequest, ProtocolError
-from jaxswe.rollout.sampling import RowParams, row_params, sample_tokens
-from jaxswe.rollout.types import Generation
+from jaxswe.rollout.sampling import RowParams, row_keys, row_params, sample_tokens
+from jaxswe.rollout.types import MAX_SEED, Generation
 
 
 def bucket(n: int, minimum: int) -> int:
@@ -42,7 +45,8 @@ class DecodeState(NamedTuple):
     n_b: jax.Array  # int32 [B]: tokens generated
     logits_bv: jax.Array  # next-token logits
     cache: Any
-    key: jax.Array
+    seeds_b2: jax.Array  # uint32 [B, 2]: each row's sampling seed (high, low 32 bits)
+    lengths_b: jax.Array  # int32 [B]: prompt lengths (a token's position is length + step)
 
 
 def _prefill(
@@ -50,7 +54,7 @@ def _prefill(
     ids_bt: jax.Array,
     lengths_b: jax.Array,
     max_new_b: jax.Array,
-    key: jax.Array,
+    seeds_b2: jax.Array,
     *,
     cfg: Any,
     n_max: int,
@@ -70,7 +74,8 @@ def _prefill(
         n_b=jnp.zeros((b,), jnp.int32),
         logits_bv=logits_bv,
         cache=cache,
-        key=key,
+        seeds_b2=seeds_b2,
+        lengths_b=lengths_b,
     )
 
 
@@ -92,8 +97,8 @@ def _decode_steps(
         return (st.step < jnp.minimum(until, n_max)) & ~jnp.all(st.done_b)
 
     def body(st: DecodeState):
-        key, sub = jax.random.split(st.key)
-        tok_b, lp_b = sample_tokens(sub, st.logits_bv, rp)
+        keys_b = row_keys(st.seeds_b2, st.lengths_b + st.step)
+        tok_b, lp_b = sample_tokens(keys_b, st.logits_bv, rp)
         active_b = ~st.done_b
         n_b = st.n_b + active_b.astype(jnp.int32)
         hit_stop_b = active_b & jnp.any(tok_b[:, None] == stop_bs, axis=-1)
@@ -107,7 +112,8 @@ def _decode_steps(
             n_b=n_b,
             logits_bv=logits_bv,
             cache=cache,
-            key=key,
+            seeds_b2=st.seeds_b2,
+            lengths_b=st.lengths_b,
         )
 
     return jax.lax.while_loop(cond, body, state)
@@ -149,7 +155,7 @@ class Sampler:
         self.min_stop_bucket = min_stop_bucket
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)  # stop every request (not ignore_eos)
         self.decode_chunk = max(1, int(decode_chunk))
-        self._key = jax.random.PRNGKey(seed)
+        self._seeds = np.random.default_rng(seed)  # seeds for requests that bring none
         self._max_context_arg = max_context
         self.swap(cfg, params)
 
@@ -200,6 +206,7 @@ class Sampler:
         lengths_b = np.ones((b,), np.int32)
         max_new_b = np.ones((b,), np.int32)
         stop_bs = np.full((b, s), -1, np.int32)
+        seeds_b2 = np.zeros((b, 2), np.uint32)
         temp, top_p, top_k, min_p = [1.0] * b, [1.0] * b, [-1] * b, [0.0] * b
         for i, r in enumerate(requests):
             ids_bt[i, : lengths[i]] = r.input_ids
@@ -208,14 +215,15 @@ class Sampler:
             stop_bs[i, : len(stops[i])] = stops[i]
             p = r.params
             temp[i], top_p[i], top_k[i], min_p[i] = p.temperature, p.top_p, p.top_k, p.min_p
-        self._key, key = jax.random.split(self._key)
+            seed = p.sampling_seed if p.sampling_seed is not None else int(self._seeds.integers(MAX_SEED))
+            seeds_b2[i] = seed >> 32, seed & 0xFFFFFFFF
         max_new = jnp.asarray(max_new_b)
         state = prefill(
             self.params,
             jnp.asarray(ids_bt),
             jnp.asarray(lengths_b),
             max_new,
-            key,
+            jnp.asarray(seeds_b2),
             cfg=self.cfg,
             n_max=n_max,
             cache_dtype=self.cache_dtype,

@@ -73,8 +73,20 @@ def needs_truncation(rp: RowParams) -> jax.Array:
     return jnp.any((rp.top_k_b > 0) | (rp.top_p_b < 1.0) | (rp.min_p_b > 0.0))
 
 
-def sample_tokens(key: jax.Array, logits_bv: jax.Array, rp: RowParams) -> tuple[jax.Array, jax.Array]:
-    """Draw one token per row; returns (tokens_b int32, logprobs_b float32).
+def row_keys(seeds_b2: jax.Array, positions_b: jax.Array) -> jax.Array:
+    """One PRNG key per row from its seed (uint32 [B, 2]: high and low 32 bits) and the position of
+    the token it samples: a row's draw depends on nothing else (not its batch, not its row)."""
+    chex.assert_shape(seeds_b2, (positions_b.shape[0], 2))
+
+    def one(seed_2: jax.Array, position: jax.Array) -> jax.Array:
+        seed_key = jax.random.fold_in(jax.random.fold_in(jax.random.key(0), seed_2[0]), seed_2[1])
+        return jax.random.fold_in(seed_key, position)
+
+    return jax.vmap(one)(seeds_b2.astype(jnp.uint32), positions_b.astype(jnp.uint32))
+
+
+def sample_tokens(keys_b: jax.Array, logits_bv: jax.Array, rp: RowParams) -> tuple[jax.Array, jax.Array]:
+    """Draw one token per row, row i with `keys_b[i]`; returns (tokens_b int32, logprobs_b float32).
 
     Log-probs are under the temperature-scaled, untruncated distribution (see module docstring).
     The vocabulary sort for truncation runs only when some row asks for it.
@@ -88,7 +100,8 @@ def sample_tokens(key: jax.Array, logits_bv: jax.Array, rp: RowParams) -> tuple[
         lambda lp: jnp.ones(lp.shape, bool),
         logprobs_bv,
     )
-    drawn_b = jax.random.categorical(key, jnp.where(eligible_bv, logprobs_bv, _NEG_INF), axis=-1)
+    masked_bv = jnp.where(eligible_bv, logprobs_bv, _NEG_INF)
+    drawn_b = jax.vmap(jax.random.categorical)(keys_b, masked_bv)
     greedy_b = jnp.argmax(logprobs_bv, axis=-1)
     tokens_b = jnp.where(rp.temperature_b > 0, drawn_b, greedy_b).astype(jnp.int32)
     picked_b = jnp.take_along_axis(logprobs_bv, tokens_b[:, None], axis=-1)[:, 0]

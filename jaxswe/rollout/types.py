@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Literal, Protocol
+
+MAX_SEED = 2**63  # sampling seeds are in [0, MAX_SEED)
 
 
 @dataclass(frozen=True)
@@ -16,6 +19,9 @@ class SamplingParams:
     min_p: float = 0.0
     max_new_tokens: int = 1024
     stop_token_ids: tuple[int, ...] = ()
+    # SGLang's `sampling_seed`: with a seed, a token depends only on (seed, its position in the
+    # sequence) and the logits, never on the other requests in its batch; None: the server's RNG.
+    sampling_seed: int | None = None
 
     @property
     def unbiased(self) -> bool:
@@ -36,6 +42,12 @@ class Generation:
     finish_reason: Literal["stop", "length", "abort"]
     prompt_logprobs: list[float] | None = None  # when asked for (logprob_start_len)
     weight_versions: list[str] | None = None
+
+
+def derive_seed(*parts: object) -> int:
+    """A sampling seed in [0, MAX_SEED) that depends only on `parts` (their reprs, hashed)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % MAX_SEED
 
 
 def policy_version(weight_version: str | None) -> int:

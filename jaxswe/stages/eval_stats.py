@@ -59,6 +59,36 @@ def paired_difference(before: Mapping[str, float], after: Mapping[str, float]) -
     return {"diff": mean, "ci95": [lo, hi], "num_tasks": len(tasks), "significant": bool(lo > 0 or hi < 0)}
 
 
+def fixed_task_difference(before: Mapping[str, Sequence[int]], after: Mapping[str, Sequence[int]]) -> dict:
+    """Pass@1 of `after` minus `before` on exactly these tasks (episodes are the unit, the tasks
+    fixed), from (successes, samples) per task over the tasks both evaluated: `diff` is the mean
+    per-task rate difference; the 95% interval is Agresti-Caffo's, averaged over tasks (each rate
+    smoothed by one success and one failure, centre and binomial variances from the smoothed
+    rates, so a task at 0/n or n/n still counts). The two stages' episodes are treated as
+    independent: sampled with the same seeds, their outcomes correlate positively and the
+    interval is conservative."""
+    tasks = sorted(set(before) & set(after))
+    diff, centre, var, episodes = 0.0, 0.0, 0.0, 0
+    for t in tasks:
+        for sign, (c, n) in ((1, after[t]), (-1, before[t])):
+            if n < 1:
+                raise ValueError(f"task {t}: no samples")
+            smoothed = (c + 1) / (n + 2)
+            diff += sign * c / n
+            centre += sign * smoothed
+            var += smoothed * (1 - smoothed) / (n + 2)
+            episodes += n
+    k = max(len(tasks), 1)
+    half = 1.96 * math.sqrt(var) / k
+    lo, hi = centre / k - half, centre / k + half
+    return {
+        "diff": diff / k,
+        "ci95": [lo, hi],
+        "num_episodes": episodes,
+        "significant": bool(lo > 0 or hi < 0),
+    }
+
+
 def summarize(
     per_task_successes: Mapping[str, Sequence[bool]],
     endings: Sequence[str],

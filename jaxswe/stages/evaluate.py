@@ -3,12 +3,13 @@ ended, mean turns, a per-task table; written to the stage dir."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from jaxswe.config import RunConfig
 from jaxswe.distributed import is_main
-from jaxswe.rollout.types import SamplingParams
+from jaxswe.rollout.types import SamplingParams, derive_seed
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.plots import plot_eval
 from jaxswe.stages.episodes import Episode, save_episodes
@@ -47,14 +48,18 @@ async def evaluate(
     make_env: EnvFactory,
     task_ids: list[str],
     samples: int,
+    name: str = "eval",
 ) -> tuple[dict[str, Any], list[Episode]]:
+    """`samples` episodes per task, seeded by (run seed, `name`): every stage's `final_eval` uses
+    the same seeds, so stage-vs-stage comparisons share their random numbers; the eval stage
+    draws its own."""
     ids = [t for t in task_ids for _ in range(samples)]
     episodes, secs = await collect_episodes(
         ids,
         make_env,
         backend.engine,
         tokenizer,
-        eval_sampling(cfg),
+        replace(eval_sampling(cfg), sampling_seed=derive_seed(cfg.seed, "eval", name)),
         cfg.agent,
         concurrency=cfg.env.max_parallel,
     )
@@ -76,7 +81,9 @@ def run_eval_stage(
 ) -> dict[str, Any]:
     """Evaluate, write eval.json, trajectories, a metrics row and a plot; return the report."""
     samples = samples or cfg.eval.samples_per_task
-    report, episodes = run_phase(backend, evaluate(cfg, backend, tokenizer, make_env, task_ids, samples))
+    report, episodes = run_phase(
+        backend, evaluate(cfg, backend, tokenizer, make_env, task_ids, samples, name)
+    )
     save_episodes(stage_dir / "trajectories" / f"{name}.jsonl", episodes)
     write_json(stage_dir / f"{name}.json", report)
     metrics = MetricsLogger(stage_dir / name if name != "eval" else stage_dir)

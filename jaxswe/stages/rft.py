@@ -16,13 +16,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from jaxswe.config import RunConfig
 from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
+from jaxswe.rollout.types import derive_seed
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.stages.context import StageContext, ensure_backend
@@ -99,7 +100,7 @@ def collect_samples(ctx: StageContext, path: Path) -> list[Episode]:
                     ctx.make_env,
                     backend.engine,
                     ctx.tokenizer,
-                    rl_sampling(cfg, ()),
+                    replace(rl_sampling(cfg, ()), sampling_seed=derive_seed(cfg.seed, "rft")),
                     cfg.agent,
                     concurrency=cfg.env.max_parallel,
                     on_done=stream,

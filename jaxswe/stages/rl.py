@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
 from jaxswe.rollout.bias import BiasAlarm, sampling_bias
 from jaxswe.rollout.client import logprob_gap
-from jaxswe.rollout.types import SamplingParams
+from jaxswe.rollout.types import SamplingParams, derive_seed
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger, read_rows
 from jaxswe.run.plots import plot_metrics
@@ -212,7 +212,7 @@ async def _iteration(setup: RLSetup, sampling: SamplingParams, order: DataOrder,
             setup.make_env,
             setup.backend.engine,
             setup.tokenizer,
-            sampling,
+            replace(sampling, sampling_seed=derive_seed(cfg.seed, "rl", step, rounds)),
             cfg.agent,
             concurrency=cfg.env.max_parallel,
         )

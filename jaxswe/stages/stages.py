@@ -12,7 +12,7 @@ from jaxswe.config import RunConfig, dump_config
 from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
 from jaxswe.stages.context import StageContext, check_inputs, ensure_backend, finish_stage, open_stage
-from jaxswe.stages.eval_stats import paired_difference
+from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference
 from jaxswe.stages.evaluate import run_eval_stage
 from jaxswe.stages.rft import run_rft
 from jaxswe.stages.rl import RLSetup, run_rl
@@ -176,9 +176,11 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, An
     out = {"stages": summaries, "paired": paired_comparisons(run_dir, cfg.stages)}
     for p in out["paired"]:
         lo, hi = p["ci95"]
+        flo, fhi = p["these_tasks"]["ci95"]
         print(
             f"jaxswe: {p['after']} - {p['before']} pass@1: {p['diff']:+.3f} (95% interval {lo:+.3f} to "
-            f"{hi:+.3f}, paired over {p['num_tasks']} tasks)",
+            f"{hi:+.3f} paired over {p['num_tasks']} tasks; {flo:+.3f} to {fhi:+.3f} on these tasks "
+            f"over {p['these_tasks']['num_episodes']} episodes)",
             file=sys.stderr,
         )
     write_json(run_dir / "summary.json", out)
@@ -186,15 +188,23 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, An
 
 
 def paired_comparisons(run_dir: Path, stages: list[str]) -> list[dict[str, Any]]:
-    """Each evaluated training stage against the previous one, paired over the same eval tasks
-    (the eval.after_stage evaluations, final_eval.json)."""
-    rates = {}
+    """Each evaluated training stage against the previous one (the eval.after_stage evaluations,
+    final_eval.json): paired over the tasks (tasks as the unit: would it hold on other tasks like
+    these?) and, under `these_tasks`, on exactly these tasks (episodes as the unit)."""
+    per_task = {}
     for name in stages:
         report = run_dir / name / "final_eval.json"
         if name != "eval" and report.is_file():
-            rates[name] = {t: r["rate"] for t, r in read_json(report)["per_task"].items()}
-    names = list(rates)
+            per_task[name] = read_json(report)["per_task"]
+    rates = {n: {t: r["rate"] for t, r in v.items()} for n, v in per_task.items()}
+    counts = {n: {t: (r["successes"], r["samples"]) for t, r in v.items()} for n, v in per_task.items()}
+    names = list(per_task)
     return [
-        {"before": a, "after": b, **paired_difference(rates[a], rates[b])}
+        {
+            "before": a,
+            "after": b,
+            **paired_difference(rates[a], rates[b]),
+            "these_tasks": fixed_task_difference(counts[a], counts[b]),
+        }
         for a, b in zip(names, names[1:], strict=False)
     ]

@@ -56,7 +56,7 @@ async def _demonstrations(cfg: RunConfig, tasks: list[Any], make_env: Any, token
 
 
 def half_solving_model(
-    cfg: RunConfig, tasks: list[Any], out: Path, *, steps: int = 40, lr: float = 1e-2, vocab_size: int = 1024
+    cfg: RunConfig, tasks: list[Any], out: Path, *, steps: int = 100, lr: float = 1e-2, vocab_size: int = 1024
 ) -> dict[str, Any]:
     """Build the tokenizer and train the half-solving model into the Hugging Face dir `out`, for the
     agent settings of `cfg` (prompts, context); returns what the demonstrations and SFT gave."""

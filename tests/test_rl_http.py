@@ -21,6 +21,8 @@ from half_solver import half_solving_model
 from envs.builtin import BUILTIN_DIR
 from jaxswe.cli import main
 from jaxswe.config import config_from_dict
+from jaxswe.model import token_logprobs
+from jaxswe.model.export import load_stage
 from jaxswe.model.hf_io import load_hf
 from jaxswe.stages.runtime import load_pool
 
@@ -145,6 +147,9 @@ def test_one_rl_iteration_over_http(tmp_path, task_root, model_dir):
         before, after = (load_hf(d, dtype="float32")[1] for d in (model_dir, run_dir / "weights"))
         pairs = zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True)
         assert any(not np.array_equal(a, b) for a, b in pairs)  # trained, and exported as trained
+        trained = load_stage(run_dir)[1]  # the RL checkpoint: the export holds what the trainer holds
+        for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(after), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         with urllib.request.urlopen(url + "/get_model_info", timeout=10) as r:
             info = json.loads(r.read())
         assert str(run_dir / "weights") in json.dumps(info)
@@ -161,6 +166,17 @@ def test_one_rl_iteration_over_http(tmp_path, task_root, model_dir):
             for e in episodes
             for v, m in zip(e["policy_versions"], e["loss_mask"], strict=True)
         )
+        # the server now scores tokens with the trained weights: its prompt log-probs of an episode
+        # equal the trainer's under the checkpoint's params
+        ids = episodes[0]["input_ids"]
+        request = {"input_ids": ids, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+                   "logprob_start_len": 0}  # fmt: skip
+        post = urllib.request.Request(url + "/generate", json.dumps(request).encode(), method="POST",
+                                      headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(post, timeout=120) as r:
+            served = [e[0] for e in json.loads(r.read())["meta_info"]["input_token_logprobs"][1:]]
+        mine = np.asarray(token_logprobs(trained, load_hf(model_dir)[0], np.asarray([ids], np.int32)))[0, 1:]
+        np.testing.assert_allclose(served, mine, atol=1e-4)
     finally:
         server.terminate()
         server.wait(timeout=30)

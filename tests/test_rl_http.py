@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 import yaml
-from half_solver import half_solving_model
+from half_solver import RL_ALARM, half_solving_model
 
 from envs.builtin import BUILTIN_DIR
 from jaxswe.cli import main
@@ -121,6 +121,7 @@ def test_one_rl_iteration_over_http(tmp_path, task_root, model_dir):
                         "group_size": GROUP,
                         "seq_len": 640,
                         "turn_penalty_threshold": 3,
+                        **RL_ALARM,
                     },
                 }
             )

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 import yaml
-from half_solver import half_solving_model
+from half_solver import RL_ALARM, half_solving_model
 
 from envs.tasks import load_tasks
 from jaxswe.cli import main
@@ -73,7 +73,7 @@ def test_short_rl_run_trains_on_mined_tasks(tmp_path):
         "agent": AGENT,
         "env": env,
         "rl": {"iterations": 1, "problems_per_iteration": 2, "group_size": 6, "seq_len": 640,
-               "turn_penalty_threshold": 3},
+               "turn_penalty_threshold": 3, **RL_ALARM},
     }))  # fmt: skip
     run_dir = tmp_path / "run"
     main(["rl", "--config", str(config), "--run-dir", str(run_dir)])

@@ -87,7 +87,7 @@ def main() -> None:
     gbs = r["bytes"] / r["export_s"] / 1e9
     shape = f"qwen2.5-1.5b shapes, {args.layers} layers ({r['params'] / 1e9:.2f}B params)"
     print(f"{shape}, bf16 on {len(jax.devices())} devices")
-    print(f"  save_hf -> bf16: {r['bytes'] / 1e9:.2f} GB in {r['export_s']:.1f} s ({gbs:.2f} GB/s)")
+    print(f"  save_hf -> bf16: {r['bytes'] / 1e9:.2f} GB in {r['export_s']:.1f} s ({gbs * 1e3:.0f} MB/s)")
     print(f"  peer, safetensors save_file of the same bytes from host: {r['raw_write_s']:.1f} s")
     print(f"  ratio save_hf / peer: {r['export_s'] / r['raw_write_s']:.2f}")
 

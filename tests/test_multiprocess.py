@@ -55,14 +55,16 @@ def _wait(procs: list[subprocess.Popen], timeout: float = 1500) -> list[str]:
     """Wait until every process exited 0 (once one fails or time runs out the others are killed:
     they would block in their next collective); their outputs."""
     deadline = time.time() + timeout
-    while any(p.poll() is None for p in procs):
-        if time.time() > deadline or any(p.returncode not in (None, 0) for p in procs):
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            break
-        time.sleep(0.5)
+    try:
+        while any(p.poll() is None for p in procs):
+            if time.time() > deadline or any(p.returncode not in (None, 0) for p in procs):
+                break
+            time.sleep(0.5)
+    finally:  # also when the test itself is interrupted: no process outlives it
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     outs = [p.log.read_text() for p in procs]
     for p, out in zip(procs, outs, strict=True):
         assert p.returncode == 0, f"{p.args[1:3]} exited {p.returncode}:\n{out[-3000:]}"
@@ -172,9 +174,7 @@ def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
 
     port = str(_port())
     cmd = [sys.executable, str(HERE / "mp_save_hf_child.py"), str(tmp_path)]
-    _wait(
-        [_spawn([*cmd, str(i), port], 4, tmp_path / "xla", tmp_path / f"log_{i}.txt") for i in range(2)], 300
-    )
+    _wait([_spawn([*cmd, str(i), port], 4, tmp_path / "xla", tmp_path / f"log_{i}.txt") for i in range(2)])
     written = [set(json.loads((tmp_path / f"written_{i}.json").read_text())) for i in range(2)]
     index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())["weight_map"]
     assert written[0] and written[1] and not written[0] & written[1]

@@ -41,7 +41,7 @@ def throughput(batch: int, length: int, repeats: int) -> dict[str, float]:
     params = init_params(BENCH_CONFIG, jax.random.key(0))
     ids = np.random.default_rng(0).integers(0, BENCH_CONFIG.vocab_size, size=(batch, length))
     with tempfile.TemporaryDirectory() as tmp:
-        save_hf(tmp, BENCH_CONFIG, params)
+        save_hf(tmp, BENCH_CONFIG, params, dtype="float32")
         model = transformers.Qwen2ForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
         config, params = load_hf(tmp)
     config = BENCH_CONFIG

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from jaxswe.cli import main
@@ -40,7 +41,7 @@ def assert_trees_equal(a, b):
 def test_save_hf_loads_in_transformers_with_same_logprobs(tmp_path, tied):
     config = CONFIG.replace(tie_word_embeddings=tied)
     params = random_params(config)
-    save_hf(tmp_path / "m", config, params)
+    save_hf(tmp_path / "m", config, params, dtype="float32")
     saved = json.loads((tmp_path / "m" / "config.json").read_text())
     assert saved["architectures"] == ["Qwen2ForCausalLM"] and saved["torch_dtype"] == "float32"
     model = transformers.Qwen2ForCausalLM.from_pretrained(tmp_path / "m").eval()
@@ -69,7 +70,7 @@ def test_yarn_config_round_trips_through_transformers(tmp_path):
 def test_load_save_load_is_bit_exact(tmp_path, dtype):
     save_hf(tmp_path / "a", CONFIG, random_params(CONFIG), dtype=dtype)
     config, first = load_hf(tmp_path / "a", dtype=jnp.dtype(dtype))
-    save_hf(tmp_path / "b", config, first)
+    save_hf(tmp_path / "b", config, first, dtype=dtype)
     _, second = load_hf(tmp_path / "b", dtype=jnp.dtype(dtype))
     assert_trees_equal(first, second)
     for name, tensor in load_file(tmp_path / "a" / "model.safetensors").items():
@@ -78,7 +79,7 @@ def test_load_save_load_is_bit_exact(tmp_path, dtype):
 
 def test_multi_file_with_index_loads_here_and_in_transformers(tmp_path):
     params = random_params(CONFIG)
-    save_hf(tmp_path / "m", CONFIG, params, max_shard_bytes=40_000)
+    save_hf(tmp_path / "m", CONFIG, params, dtype="float32", max_shard_bytes=40_000)
     files = sorted(p.name for p in (tmp_path / "m").glob("*.safetensors"))
     assert len(files) > 2 and (tmp_path / "m" / "model.safetensors.index.json").is_file()
     _, loaded = load_hf(tmp_path / "m")
@@ -91,7 +92,7 @@ def test_multi_file_with_index_loads_here_and_in_transformers(tmp_path):
 def test_sharded_load_places_each_array_from_slices(tmp_path):
     config = CONFIG.replace(num_heads=8, num_kv_heads=4, head_dim=16, vocab_size=96)
     params = random_params(config)
-    save_hf(tmp_path / "m", config, params, max_shard_bytes=100_000)
+    save_hf(tmp_path / "m", config, params, dtype="float32", max_shard_bytes=100_000)
     mesh = jax.make_mesh((2, 4), ("fsdp", "tensor"))
     rules = {"embed": "fsdp", "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor", "vocab": "tensor",
              "head_dim": "fsdp"}  # fmt: skip
@@ -141,13 +142,29 @@ def test_orbax_round_trip_and_mismatch(tmp_path):
         load_params_orbax(tmp_path / "none", CONFIG)
 
 
-def test_convert_cli_hf_to_orbax_and_back(tmp_path, capsys):
+def test_save_hf_writes_bfloat16_unless_asked(tmp_path):
+    """float32 masters are exported as bf16 by default (the weight-sync size), float32 on request."""
     params = random_params(CONFIG)
-    save_hf(tmp_path / "hf", CONFIG, params)
+    save_hf(tmp_path / "m", CONFIG, params)
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    with safe_open(str(tmp_path / "m" / "model.safetensors"), framework="numpy") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118
+    _, loaded = load_hf(tmp_path / "m")
+    assert_trees_equal(jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), params), loaded)
+    save_hf(tmp_path / "f", CONFIG, params, dtype="float32")
+    assert_trees_equal(params, load_hf(tmp_path / "f")[1])
+
+
+def test_convert_cli_hf_to_orbax_and_back(tmp_path, capsys):
+    """Defaults: float32 Orbax masters from hf, bf16 safetensors back; --dtype float32 is exact."""
+    params = random_params(CONFIG)
+    save_hf(tmp_path / "hf", CONFIG, params, dtype="float32")
     main(["convert", str(tmp_path / "hf"), str(tmp_path / "orbax"), "--to", "orbax"])
-    main(["convert", str(tmp_path / "orbax"), str(tmp_path / "hf2"), "--to", "hf"])
-    _, back = load_hf(tmp_path / "hf2")
-    assert_trees_equal(params, back)
+    main(["convert", str(tmp_path / "orbax"), str(tmp_path / "hf2"), "--to", "hf", "--dtype", "float32"])
+    assert_trees_equal(params, load_hf(tmp_path / "hf2")[1])
+    main(["convert", str(tmp_path / "orbax"), str(tmp_path / "hf3"), "--to", "hf"])
+    rounded = jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), params)
+    assert_trees_equal(rounded, load_hf(tmp_path / "hf3")[1])
     with pytest.raises(SystemExit) as exit_info:
         main(["convert", str(tmp_path / "hf"), str(tmp_path / "orbax"), "--to", "orbax"])
     assert exit_info.value.code == 2 and "already exists" in capsys.readouterr().err

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from rl_toy_helpers import toy_tokenizer
@@ -38,36 +39,55 @@ def _env(cache: Path, devices: int) -> dict[str, str]:
     }
 
 
-def _wait(procs, timeout=900):
-    outs = []
-    for p in procs:
-        out, _ = p.communicate(timeout=timeout)
-        outs.append(out)
-        assert p.returncode == 0, out[-3000:]
+def _spawn(cmd: list[str], devices: int, cache: Path, log: Path) -> subprocess.Popen:
+    """One child process on `devices` CPU devices, its output in the file `log` (so no pipe fills
+    while the test waits on another process); the runs of a test go side by side."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            cmd, env=_env(cache, devices), stdout=out, stderr=subprocess.STDOUT, text=True
+        )
+    proc.log = log
+    return proc
+
+
+def _wait(procs: list[subprocess.Popen], timeout: float = 1500) -> list[str]:
+    """Wait until every process exited 0 (once one fails or time runs out the others are killed:
+    they would block in their next collective); their outputs."""
+    deadline = time.time() + timeout
+    try:
+        while any(p.poll() is None for p in procs):
+            if time.time() > deadline or any(p.returncode not in (None, 0) for p in procs):
+                break
+            time.sleep(0.5)
+    finally:  # also when the test itself is interrupted: no process outlives it
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    outs = [p.log.read_text() for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, f"{p.args[1:3]} exited {p.returncode}:\n{out[-3000:]}"
     return outs
 
 
-def _toy_run(out: Path, n: int, cache: Path) -> dict[str, np.ndarray]:
+def _start_toy(out: Path, n: int, cache: Path) -> list[subprocess.Popen]:
+    """mp_toy_child.py as n processes over 8 devices; process 0 writes out/final.npz."""
     port = str(_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(HERE / "mp_toy_child.py"), str(out), str(n), str(i), port],
-            env=_env(cache, 8 // n),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(n)
-    ]
-    _wait(procs)
-    return dict(np.load(out / "final.npz"))
+    cmd = [sys.executable, str(HERE / "mp_toy_child.py"), str(out), str(n)]
+    return [_spawn([*cmd, str(i), port], 8 // n, cache, out / f"log_{i}.txt") for i in range(n)]
 
 
 @pytest.mark.timeout(1800)
 def test_two_processes_train_like_one(tmp_path):
     """RFT then 2 RL iterations (DAPO steps taken) on the toy env: 2 x 4 devices == 1 x 8."""
-    one = _toy_run(tmp_path / "one", 1, tmp_path / "xla")
-    two = _toy_run(tmp_path / "two", 2, tmp_path / "xla")
+    _wait(
+        [
+            *_start_toy(tmp_path / "one", 1, tmp_path / "xla"),
+            *_start_toy(tmp_path / "two", 2, tmp_path / "xla"),
+        ]
+    )
+    one, two = (dict(np.load(tmp_path / run / "final.npz")) for run in ("one", "two"))
     rows = read_rows(tmp_path / "two" / "rl" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2] and sum(r["optimizer_steps"] for r in rows) > 0
     for key in ("loss", "tokens_trained", "groups_kept"):
@@ -101,16 +121,9 @@ def _cli(run_dir: Path, tokenizer: Path, port: int, cache: Path, *extra: str) ->
     sets = [*CLI_SETS, f"model.tokenizer={tokenizer}"]
     args = [sys.executable, "-m", "jaxswe", "pipeline", "--config", str(ROOT / "configs" / "demo-cpu.yaml")]
     args += ["--run-dir", str(run_dir), *[a for s in sets for a in ("--set", s)], *extra]
-    return [
-        subprocess.Popen(
-            [*args, "--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
-            env=_env(cache, 4),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
+    args += ["--coordinator", f"localhost:{port}", "--num-processes", "2"]
+    logs = run_dir.parent / ("resume" if extra else "start")
+    return [_spawn([*args, "--process-id", str(i)], 4, cache, logs / f"log_{i}.txt") for i in range(2)]
 
 
 @pytest.mark.timeout(1800)
@@ -124,7 +137,7 @@ def test_cli_two_processes_kill_one_then_resume_both(tmp_path):
     metrics = run_dir / "rl" / "metrics.jsonl"
     deadline = time.time() + 900
     while time.time() < deadline and len(read_rows(metrics)) < 1:
-        assert all(p.poll() is None for p in procs), procs[0].communicate()[0][-3000:]
+        assert all(p.poll() is None for p in procs), procs[0].log.read_text()[-3000:]
         time.sleep(0.2)
     time.sleep(0.3)  # inside iteration 2
     procs[1].send_signal(signal.SIGKILL)
@@ -160,17 +173,8 @@ def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
     from jaxswe.model.params import init_params
 
     port = str(_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(HERE / "mp_save_hf_child.py"), str(tmp_path), str(i), port],
-            env=_env(tmp_path / "xla", 4),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    _wait(procs, timeout=300)
+    cmd = [sys.executable, str(HERE / "mp_save_hf_child.py"), str(tmp_path)]
+    _wait([_spawn([*cmd, str(i), port], 4, tmp_path / "xla", tmp_path / f"log_{i}.txt") for i in range(2)])
     written = [set(json.loads((tmp_path / f"written_{i}.json").read_text())) for i in range(2)]
     index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())["weight_map"]
     assert written[0] and written[1] and not written[0] & written[1]
@@ -192,3 +196,59 @@ def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
     ref[:, 1:] = np.take_along_axis(logp[:, :-1], ids[:, 1:, None], -1)[..., 0]
     ours = np.asarray(token_logprobs(params, config, jnp.asarray(ids)))
     np.testing.assert_allclose(ours, ref, atol=1e-4)
+
+
+def _start_toy_rl(run_dir: Path, n: int, cache: Path) -> list[subprocess.Popen]:
+    """`jaxswe rl --config configs/toy-rl.yaml` over 8 CPU devices as n processes, each logging the
+    files it writes to run_dir/../logs_N/written_I.txt (mp_audit_child.py)."""
+    logs = run_dir.parent / f"logs_{n}"
+    args = ["rl", "--config", str(ROOT / "configs" / "toy-rl.yaml"), "--run-dir", str(run_dir)]
+    args += [a for s in TOY_RL_SETS for a in ("--set", s)]
+    if n > 1:
+        args += ["--coordinator", f"localhost:{_port()}", "--num-processes", str(n)]
+    cmd = [sys.executable, str(HERE / "mp_audit_child.py")]
+    return [
+        _spawn([*cmd, str(logs / f"written_{i}.txt"), *args, *(["--process-id", str(i)] if n > 1 else [])],
+               8 // n, cache, logs / f"log_{i}.txt")
+        for i in range(n)
+    ]  # fmt: skip
+
+
+# Episodes one at a time, one request per decode batch: the embedded sampler's draws then do not
+# depend on how concurrent requests happen to batch (until each request carries its own seed), so
+# both runs sample the same tokens. 10 iterations: success goes from ~0.02 to ~0.35-0.4.
+TOY_RL_SETS = ["rl.iterations=10", "rollout.max_batch=1", "env.max_parallel=1"]
+
+
+@pytest.mark.timeout(1800)
+def test_toy_rl_two_processes_learn_like_one(tmp_path):
+    """configs/toy-rl.yaml through the CLI learns on 2 x 4 devices exactly as on 1 x 8: the same
+    pass rate every iteration, the same losses (1e-4) and final params (1e-3: Adam turns the
+    reduction-order differences of near-zero gradients into steps of up to 2 lr); process 1
+    writes nothing but its checkpoint shards."""
+    from jaxswe.config import load_config
+    from jaxswe.stages.runtime import policy_from_checkpoint
+
+    runs = {n: tmp_path / f"run_{n}" for n in (1, 2)}
+    _wait([*_start_toy_rl(runs[1], 1, tmp_path / "xla"), *_start_toy_rl(runs[2], 2, tmp_path / "xla")])
+    one, two = (read_rows(runs[n] / "metrics.jsonl") for n in (1, 2))
+    rates = [r["pass_rate"] for r in one]
+    assert len(rates) == 10 and rates[0] <= 0.1 and np.mean(rates[-3:]) >= 0.3, rates  # it learns
+    assert [r["pass_rate"] for r in two] == rates
+    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-4, abs=1e-5)
+    cfg = load_config(ROOT / "configs" / "toy-rl.yaml", TOY_RL_SETS)
+    final = [jax.tree.leaves(policy_from_checkpoint(cfg, runs[n]).params) for n in (1, 2)]
+    for a, b in zip(*final, strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-3)
+
+    wrote = [_written(tmp_path / "logs_2" / f"written_{i}.txt", runs[2]) for i in (0, 1)]
+    assert wrote[1] and all(p.parts[0] == "checkpoints" for p in wrote[1]), wrote[1]  # Orbax shards only
+    assert {"metrics.jsonl", "trajectories", "plots", "summary.json", "tokenizer"} <= {
+        p.parts[0] for p in wrote[0]
+    }
+
+
+def _written(log: Path, run_dir: Path) -> list[Path]:
+    """The files under run_dir that one process opened for writing (mp_audit_child.py's log)."""
+    paths = [Path(line) for line in log.read_text().split()]
+    return [p.relative_to(run_dir) for p in paths if p.is_relative_to(run_dir)]

@@ -74,7 +74,7 @@ class ServerThread:
     serving the policy saved as a Hugging Face dir and loaded as `jaxswe serve --model` does."""
 
     def __init__(self, sampler_cls: type[Sampler], policy, model_dir):
-        save_hf(model_dir, policy.model_cfg, policy.params)
+        save_hf(model_dir, policy.model_cfg, policy.params, dtype="float32")
         cfg, params = load_model(model_dir)
         # one prompt bucket (the whole 128-token context): a single compiled decode loop
         sampler = sampler_cls(cfg, params, max_context=128, min_batch_bucket=16, min_prompt_bucket=128)

@@ -32,7 +32,7 @@ MESHES = [
 def model(tmp_path_factory):
     cfg = get_preset("tiny", tie_word_embeddings=False, attention_block=4, logprob_chunk=8)
     params = init_params(cfg, jax.random.key(0))
-    path = save_hf(tmp_path_factory.mktemp("tiny") / "hf", cfg, params)
+    path = save_hf(tmp_path_factory.mktemp("tiny") / "hf", cfg, params, dtype="float32")
     return cfg, params, path
 
 

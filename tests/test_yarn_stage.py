@@ -84,7 +84,7 @@ def test_stage2_turns_on_yarn_over_a_stage1_checkpoint(tmp_path):
     assert np.abs(reference_logprobs(plain, ids) - expected).max() > 1e-2  # YaRN matters here
 
     # the exported directory carries the scaling: transformers alone reproduces the trainer
-    save_hf(tmp_path / "export", p2.model_cfg, trainer.params)
+    save_hf(tmp_path / "export", p2.model_cfg, trainer.params, dtype="float32")
     exported = json.loads((tmp_path / "export" / "config.json").read_text())
     assert exported["max_position_embeddings"] == CONTEXT and exported["rope_scaling"]["factor"] == 4.0
     reloaded = transformers.Qwen2ForCausalLM.from_pretrained(tmp_path / "export").eval()

@@ -19,7 +19,9 @@ def convert(
     src: Path = typer.Argument(..., help="Hugging Face model dir (config.json + *.safetensors) or Orbax dir"),
     dst: Path = typer.Argument(..., help="output directory (must not exist)"),
     to: str = typer.Option(..., "--to", help="target format: orbax or hf"),
-    dtype: str = typer.Option("float32", help="parameter dtype written: float32 or bfloat16"),
+    dtype: str | None = typer.Option(
+        None, help="dtype written: float32 or bfloat16 (default bfloat16 for hf, float32 for orbax)"
+    ),
     max_shard_gb: float = typer.Option(5.0, help="largest safetensors file when writing hf"),
 ) -> None:
     """Convert weights between Hugging Face safetensors and an Orbax checkpoint (config.json kept)."""
@@ -31,6 +33,7 @@ def convert(
 
     if to not in ("orbax", "hf"):
         raise UserError(f"--to must be orbax or hf, got {to!r}")
+    dtype = dtype or ("bfloat16" if to == "hf" else "float32")
     if dtype not in ("float32", "bfloat16"):
         raise UserError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
     if dst.exists():

@@ -374,12 +374,13 @@ def save_hf(
     config: Qwen2Config,
     params: Params,
     *,
-    dtype: str | None = None,
+    dtype: str = "bfloat16",
     max_shard_bytes: int = 5 * 1024**3,
 ) -> Path:
     """Write safetensors shards (+ index when more than one) and config.json to directory `path`.
 
-    `dtype` ("float32" | "bfloat16" | "float16") defaults to the params' dtype. With several
+    `dtype` ("bfloat16" | "float32" | "float16") is what the files hold, whatever the params' dtype:
+    bfloat16 unless asked (what SGLang serves; half the bytes of float32 masters). With several
     processes every process must call it: each writes the files of the tensors it owns (whole
     layers of its layer group, see `_owner`), process 0 also the index and config.json. Files are
     written to a temporary directory next to `path` and moved into place at the end, so an error
@@ -389,7 +390,6 @@ def save_hf(
 
     path = Path(path)
     items = _hf_tensors(config, params)
-    dtype = dtype or jnp.dtype(jax.tree.leaves(params)[0].dtype).name
     if dtype not in _NP_DTYPES:
         raise WeightsError(f"save_hf: dtype {dtype!r} not in {sorted(_NP_DTYPES)}")
     np_dtype = np.dtype(_NP_DTYPES[dtype])

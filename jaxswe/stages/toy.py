@@ -84,15 +84,17 @@ def toy_tokenizer(num_values: int, out_dir: Path | None = None, *, single_token_
 
 def toy_policy(cfg: RunConfig, stage_dir: Path):
     """A random model of model.preset (+ model.overrides) over the toy tokenizer, which is written
-    to `stage_dir/tokenizer`; the vocabulary is exactly the tokenizer's."""
+    to `stage_dir/tokenizer` (by process 0); the vocabulary is exactly the tokenizer's."""
     import jax
 
+    from jaxswe.distributed import barrier, is_main
     from jaxswe.model.config import get_preset
     from jaxswe.model.params import init_params
     from jaxswe.stages.runtime import Policy, model_knobs
 
     tokenizer_dir = Path(stage_dir) / "tokenizer"
-    tok = toy_tokenizer(cfg.env.toy_values, tokenizer_dir, single_token_actions=True)
+    tok = toy_tokenizer(cfg.env.toy_values, tokenizer_dir if is_main() else None, single_token_actions=True)
+    barrier("toy tokenizer")  # written by process 0 alone; the others read it later
     knobs = {**model_knobs(cfg), "vocab_size": len(tok), **cfg.model.overrides}
     model_cfg = get_preset(cfg.model.preset or "tiny", **knobs)
     return Policy(model_cfg, init_params(model_cfg, jax.random.key(cfg.model.seed)), str(tokenizer_dir))

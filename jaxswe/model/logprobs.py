@@ -14,7 +14,6 @@ from jaxswe.model.attention import AttentionFn
 from jaxswe.model.config import Qwen2Config
 from jaxswe.model.params import Params
 from jaxswe.model.transformer import forward, project_vocab
-from sharding.logical import constrain
 
 
 def _chunk_stats(params: Params, hidden_bce: jnp.ndarray, targets_bc: jnp.ndarray):
@@ -26,56 +25,29 @@ def _chunk_stats(params: Params, hidden_bce: jnp.ndarray, targets_bc: jnp.ndarra
     return target_logp, entropy
 
 
-def next_token_stats(
-    params: Params, hidden_bte: jnp.ndarray, targets_bt: jnp.ndarray, chunk: int, groups: int = 1
-) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """(log p(targets[t] | hidden[t]), entropy of that distribution), both [B, T] float32.
-
-    The sequence is cut into `groups` equal contiguous parts, and each step of the chunk loop takes
-    one chunk of every part: with groups = the context size and the sequence sharded over the
-    context axis, every device projects only its own tokens onto the vocabulary.
-    """
-    b, t = targets_bt.shape
-    chex.assert_shape(hidden_bte, (b, t, None))
-    if t % groups:
-        raise ValueError(f"next_token_stats: length {t} is not a multiple of {groups} groups")
-    part = t // groups
-    c = min(chunk, part)
-    n = -(-part // c)
-
-    def split(x):  # [B, T, ...] -> [n, B, groups, c, ...]: one chunk of every part per step
-        x = x.reshape(b, groups, part, *x.shape[2:])
-        x = jnp.pad(x, ((0, 0), (0, 0), (0, n * c - part)) + ((0, 0),) * (x.ndim - 3))
-        return jnp.moveaxis(x.reshape(b, groups, n, c, *x.shape[3:]), 2, 0)
-
-    def step(xs):
-        h_bgce, y_bgc = xs
-        h = constrain(h_bgce.reshape(b, groups * c, -1), ("batch", "length", "act_embed"))
-        return _chunk_stats(params, h, y_bgc.reshape(b, groups * c))
-
-    stats = jax.lax.map(jax.checkpoint(step, prevent_cse=False), (split(hidden_bte), split(targets_bt)))
-
-    def assemble(x_nbx):  # [n, B, groups * c] -> [B, T]
-        x = jnp.moveaxis(x_nbx.reshape(n, b, groups, c), 0, 2).reshape(b, groups, n * c)
-        return x[:, :, :part].reshape(b, t)
-
-    return assemble(stats[0]), assemble(stats[1])
-
-
-def shift_right(x_bt: jnp.ndarray) -> jnp.ndarray:
-    """out[:, t] = x[:, t - 1], out[:, 0] = 0: next-token stats of t-1 become the stats of token t."""
-    return jnp.concatenate([jnp.zeros_like(x_bt[:, :1]), x_bt[:, :-1]], axis=1)
-
-
 def hidden_logprobs(
     params: Params, hidden_bte: jnp.ndarray, input_ids: jnp.ndarray, chunk: int
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """(log p(ids[t] | hidden[t-1]), entropy of that distribution), both [B, T] float32, column 0 = 0."""
-    if input_ids.shape[1] == 1:
-        zeros = jnp.zeros(input_ids.shape, jnp.float32)
+    b, t = input_ids.shape
+    n = t - 1
+    if n == 0:
+        zeros = jnp.zeros((b, t), jnp.float32)
         return zeros, zeros
-    logp, entropy = next_token_stats(params, hidden_bte[:, :-1], input_ids[:, 1:], chunk)
-    return shift_right(logp), shift_right(entropy)
+    c = min(chunk, n)
+    padded = -(-n // c) * c
+    hidden = jnp.pad(hidden_bte[:, :-1], ((0, 0), (0, padded - n), (0, 0)))
+    targets = jnp.pad(input_ids[:, 1:], ((0, 0), (0, padded - n)))
+    hidden_chunks = jnp.moveaxis(hidden.reshape(b, padded // c, c, -1), 1, 0)
+    target_chunks = jnp.moveaxis(targets.reshape(b, padded // c, c), 1, 0)
+    step = jax.checkpoint(lambda xs: _chunk_stats(params, *xs), prevent_cse=False)
+    logp, entropy = jax.lax.map(step, (hidden_chunks, target_chunks))
+
+    def assemble(x_nbc):
+        x = jnp.moveaxis(x_nbc, 0, 1).reshape(b, padded)[:, :n]
+        return jnp.concatenate([jnp.zeros((b, 1), jnp.float32), x], axis=1)
+
+    return assemble(logp), assemble(entropy)
 
 
 def token_logprobs(

@@ -1,10 +1,9 @@
 """Per-token log-probs and entropies of packed rows, with optional context parallelism.
 
 With a context axis of size n > 1, the rows go through the model in zigzag order (so causal
-attention work is balanced over the devices that share a sequence). The next-token statistics
-are taken in that order too, each hidden state against its own true next token (zigzagged the
-same way), so every context rank projects only its own tokens onto the vocabulary; only the
-[B, T] results are put back in the original order.
+attention work is balanced over the devices that share a sequence) and the final hidden states
+are put back in the original order before the next-token log-probs are taken, so targets are
+always the true next tokens.
 """
 
 from __future__ import annotations
@@ -14,9 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxswe.model.config import Qwen2Config
-from jaxswe.model.logprobs import next_token_stats, shift_right
+from jaxswe.model.logprobs import hidden_logprobs
 from jaxswe.model.transformer import forward
-from sharding import reorder_for_context, restore_order
+from sharding import constrain, reorder_for_context, restore_order
 
 
 def policy_logprobs(
@@ -37,9 +36,8 @@ def policy_logprobs(
     hidden = forward(
         params, config, zig(input_ids), zig(positions), zig(segment_ids), attention_fn=attention_fn
     )
-    next_ids = jnp.concatenate([input_ids[:, 1:], jnp.zeros_like(input_ids[:, :1])], axis=1)
-    stats = next_token_stats(params, hidden, zig(next_ids), config.logprob_chunk, groups=context_n)
-    logp, entropy = (shift_right(restore_order(x, context_n)) for x in stats)
+    hidden = constrain(restore_order(hidden, context_n), ("batch", "length", "act_embed"))
+    logp, entropy = hidden_logprobs(params, hidden, input_ids, config.logprob_chunk)
     continues = jnp.concatenate(
         [jnp.zeros_like(segment_ids[:, :1], bool), segment_ids[:, 1:] == segment_ids[:, :-1]], axis=1
     )

@@ -40,7 +40,9 @@ class ModelSection(Section):
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     remat: Literal["none", "full", "save_projections"] = "full"
-    attention: Literal["blockwise", "dense", "cudnn"] = "blockwise"
+    # auto (fused Pallas on NVIDIA GPUs, else blockwise) | blockwise | pallas | dense | cudnn; used
+    # by the train step, the recompute pass and the embedded engine (see docs/guide.md)
+    attention: Literal["auto", "blockwise", "pallas", "dense", "cudnn"] = "auto"
     attention_block: int = Field(512, gt=0)
     logprob_chunk: int = Field(1024, gt=0)
     max_context: int = Field(65536, gt=0)

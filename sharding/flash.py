@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from sharding.errors import ShardingError
-from sharding.pallas_flash import NEG, Blocks, pallas_flash_attention
+from sharding.pallas_flash import NEG, Blocks, pad_axis, pallas_flash_attention
 
 IMPLS = ("auto", "blockwise", "pallas")
 
@@ -47,10 +47,6 @@ def resolve_impl(impl: str) -> str:
 def _mask(qpos_bq, qseg_bq, kpos_bk, kseg_bk):
     same = (qseg_bq[:, :, None] == kseg_bk[:, None, :]) & (qseg_bq[:, :, None] != 0)
     return same & (qpos_bq[:, :, None] >= kpos_bk[:, None, :])
-
-
-def _block_size(length: int, block: int) -> int:
-    return block if length % block == 0 else length
 
 
 def _split_q(x_bthd, bq, kvh):
@@ -97,8 +93,7 @@ def _forward(q, k, v, qpos, kpos, qseg, kseg, scale, block_q, block_kv):
     # Tie positions/segments to q/k/v: inside a scan over layers they are loop-invariant, and
     # JAX would otherwise hoist every block's mask out of the loop, materializing [T, S] masks.
     q, k, v, qpos, kpos, qseg, kseg = jax.lax.optimization_barrier((q, k, v, qpos, kpos, qseg, kseg))
-    kvh = k.shape[2]
-    bq, bk = _block_size(q.shape[1], block_q), _block_size(k.shape[1], block_kv)
+    kvh, bq, bk = k.shape[2], block_q, block_kv
     kb, vb = _split_kv(k, bk), _split_kv(v, bk)
     kpb, ksb = _split_tokens(kpos, bk), _split_tokens(kseg, bk)
 
@@ -151,8 +146,7 @@ def _flash_bwd(scale, block_q, block_kv, res, cts):
     q, k, v, qpos, kpos, qseg, kseg, out, lse = res
     dout, dlse = cts
     q, k, v, qpos, kpos, qseg, kseg = jax.lax.optimization_barrier((q, k, v, qpos, kpos, qseg, kseg))
-    kvh = k.shape[2]
-    bq, bk = _block_size(q.shape[1], block_q), _block_size(k.shape[1], block_kv)
+    kvh, bq, bk = k.shape[2], block_q, block_kv
     # d lse_t / d s_tk = p_tk, so an lse cotangent enters like a shift of the row term `delta`.
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1) - dlse
     qb, dob = _split_q(q, bq, kvh), _split_q(dout, bq, kvh)
@@ -219,8 +213,9 @@ def flash_attention(
 ) -> tuple[jax.Array, jax.Array]:
     """Masked causal attention -> (out [B, T, H, D] in q's dtype, lse [B, T, H] float32).
 
-    Rows that see no key (padding, segment 0) give out 0 and lse NEG. Blockwise: a block size that
-    does not divide its length falls back to the whole length. `pallas_blocks` tiles the fused path.
+    Rows that see no key (padding, segment 0) give out 0 and lse NEG. Blockwise: blocks are
+    min(block, length) and lengths are padded to a multiple (segment 0: invisible), so memory stays
+    O(T * block) for any T. `pallas_blocks` tiles the fused path.
     """
     chex.assert_rank([q_bthd, k_bshd, v_bshd], 4)
     chex.assert_equal_shape([k_bshd, v_bshd])
@@ -243,15 +238,13 @@ def flash_attention(
             blocks=pallas_blocks,
             interpret=not on_nvidia_gpu(),
         )
-    return _flash(
-        q_bthd,
-        k_bshd,
-        v_bshd,
-        q_positions,
-        kv_positions,
-        q_segment_ids,
-        kv_segment_ids,
-        scale,
-        block_q,
-        block_kv,
-    )
+    t, s = q_bthd.shape[1], k_bshd.shape[1]
+    bq, bk = min(block_q, t), min(block_kv, s)
+    tp, sp = -(-t // bq) * bq, -(-s // bk) * bk
+    pad_t = lambda x, n: pad_axis(x.astype(jnp.int32), n, 1)
+    out, lse = _flash(
+        pad_axis(q_bthd, tp, 1), pad_axis(k_bshd, sp, 1), pad_axis(v_bshd, sp, 1),
+        pad_t(q_positions, tp), pad_t(kv_positions, sp), pad_t(q_segment_ids, tp), pad_t(kv_segment_ids, sp),
+        scale, bq, bk,
+    )  # fmt: skip
+    return out[:, :t], lse[:, :t]

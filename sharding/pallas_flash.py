@@ -66,7 +66,7 @@ def _pow2_at_least(n: int, floor: int = 16) -> int:
     return p
 
 
-def _pad(x, length, axis):
+def pad_axis(x, length, axis):
     """Zero-pad `axis` of x to `length` (segment 0 for ids: padding tokens are invisible)."""
     extra = length - x.shape[axis]
     if not extra:
@@ -342,8 +342,8 @@ def pallas_flash_attention(
     s = k_bshd.shape[1]
     tp, sp = -(-t // blocks.multiple) * blocks.multiple, -(-s // blocks.multiple) * blocks.multiple
     dp = _pow2_at_least(d)
-    pad_x = lambda x, n: _pad(_pad(x, n, 1), dp, 3)
-    pad_t = lambda x, n: _pad(x.astype(jnp.int32), n, 1)
+    pad_x = lambda x, n: pad_axis(pad_axis(x, n, 1), dp, 3)
+    pad_t = lambda x, n: pad_axis(x.astype(jnp.int32), n, 1)
     out, lse = _flash(
         pad_x(q_bthd, tp), pad_x(k_bshd, sp), pad_x(v_bshd, sp),
         pad_t(q_positions, tp), pad_t(kv_positions, sp), pad_t(q_segment_ids, tp), pad_t(kv_segment_ids, sp),

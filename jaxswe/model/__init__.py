@@ -1,6 +1,6 @@
 """Qwen2 / Qwen2.5 decoder in functional JAX: params are a plain pytree, every entry point a pure function."""
 
-from jaxswe.model.attention import blockwise_attention, dense_attention
+from jaxswe.model.attention import attention_from_config, dense_attention
 from jaxswe.model.config import ModelConfigError, Qwen2Config, YarnScaling, get_preset
 from jaxswe.model.decode import decode_step, init_cache, prefill
 from jaxswe.model.hf_io import WeightsError, load_hf, save_hf
@@ -13,7 +13,7 @@ __all__ = [
     "Qwen2Config",
     "WeightsError",
     "YarnScaling",
-    "blockwise_attention",
+    "attention_from_config",
     "count_params",
     "decode_step",
     "dense_attention",

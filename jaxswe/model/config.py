@@ -8,7 +8,7 @@ from typing import Any
 
 from jaxswe.errors import UserError
 
-ATTENTION_KINDS = ("blockwise", "dense", "cudnn")
+ATTENTION_KINDS = ("auto", "blockwise", "pallas", "dense", "cudnn")  # see jaxswe.model.attention
 REMAT_POLICIES = ("none", "full", "save_projections")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -93,8 +93,8 @@ class Qwen2Config:
     `rope_scaling` accepts a YarnScaling or a Hugging Face style dict ({"rope_type": "yarn", ...}).
     Runtime knobs: `dtype` (compute dtype; softmax, norms and log-probs are float32 regardless),
     `param_dtype` (init_params), `remat` (none | full | save_projections), `attention`
-    (blockwise | dense | cudnn), `attention_block` (tokens per q/kv block), `logprob_chunk`
-    (tokens per chunk of the vocabulary projection in token_logprobs).
+    (auto | blockwise | pallas | dense | cudnn: see jaxswe.model.attention), `attention_block`
+    (tokens per q/kv block), `logprob_chunk` (tokens per chunk of the vocabulary projection).
     """
 
     vocab_size: int
@@ -112,7 +112,7 @@ class Qwen2Config:
     dtype: str = "bfloat16"
     param_dtype: str = "float32"
     remat: str = "full"
-    attention: str = "blockwise"
+    attention: str = "auto"
     attention_block: int = 512
     logprob_chunk: int = 1024
 

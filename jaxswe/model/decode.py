@@ -13,7 +13,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxswe.model.attention import attention_from_config, dense_attention
+from jaxswe.model.attention import attention_from_config
 from jaxswe.model.config import Qwen2Config
 from jaxswe.model.params import Params
 from jaxswe.model.rope import rope_cos_sin
@@ -61,10 +61,7 @@ def prefill(
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     segment_ids = (positions < lengths_b[:, None]).astype(jnp.int32)
     cos, sin = rope_cos_sin(config, positions)
-    # padded prompts carry segment id 0, which cuDNN cannot express
-    attend = attention_from_config(
-        "dense" if config.attention == "dense" else "blockwise", config.attention_block
-    )
+    attend = attention_from_config(config.attention, config.attention_block)
 
     def layer(x, lp):
         h = rms_norm(x, lp["attn_norm"], config.rms_norm_eps)
@@ -95,6 +92,7 @@ def decode_step(
     new_cache_view = {**cache, "lengths": cache["lengths"] + 1}
     kv_positions, kv_segments = _slot_view(new_cache_view)
     rows = jnp.arange(b)
+    attend = attention_from_config(config.attention, config.attention_block)
 
     def layer(x, xs):
         lp, k_cache, v_cache = xs
@@ -102,9 +100,9 @@ def decode_step(
         q, k, v = qkv(h, lp, config, cos, sin)
         k_cache = k_cache.at[rows, cache["lengths"]].set(k[:, 0].astype(dt))
         v_cache = v_cache.at[rows, cache["lengths"]].set(v[:, 0].astype(dt))
-        out = dense_attention(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype), q_positions=positions,
-                              kv_positions=kv_positions, q_segment_ids=jnp.ones((b, 1), jnp.int32),
-                              kv_segment_ids=kv_segments)  # fmt: skip
+        out = attend(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype), q_positions=positions,
+                     kv_positions=kv_positions, q_segment_ids=jnp.ones((b, 1), jnp.int32),
+                     kv_segment_ids=kv_segments)  # fmt: skip
         return finish_layer(x, out, lp, config), (k_cache, v_cache)
 
     x, (k_new, v_new) = jax.lax.scan(layer, embed(params, config, tokens_b[:, None]),

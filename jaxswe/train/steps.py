@@ -30,11 +30,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxswe.errors import UserError
 from jaxswe.losses import dapo_loss, sft_loss
+from jaxswe.model.attention import mesh_attention
 from jaxswe.model.config import Qwen2Config
 from jaxswe.optim import accumulate_gradients
 from jaxswe.train.logprobs import policy_logprobs
 from jaxswe.train.state import TrainState, train_state_shardings
-from sharding import context_size, make_context_attention, replicated, use_rules
+from sharding import context_size, replicated, use_rules
 from sharding.logical import Rules, logical_to_spec
 
 SFT_KEYS = ("input_ids", "positions", "segment_ids", "loss_mask")
@@ -116,10 +117,9 @@ class _Setup:
         self.micro_rows = micro_rows
         self.context_n = context_size(mesh, rules)
         self.row_shards = _batch_shards(mesh, rules)
-        # sharding's flash attention also without context parallelism: it keeps masks per block
-        # inside the layer scan (see sharding.flash), and shards batch/heads explicitly.
-        self.attention_fn = make_context_attention(
-            mesh, rules, context_attention, block=config.attention_block
+        # `model.attention`; flash kinds shard batch/heads explicitly, also without context parallelism
+        self.attention_fn = mesh_attention(
+            config.attention, config.attention_block, mesh, rules, context_attention
         )
         self.state_sh = (
             train_state_shardings(config, optimizer, mesh, rules) if optimizer is not None else None

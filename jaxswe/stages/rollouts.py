@@ -70,8 +70,7 @@ class EmbeddedBackend:
     async def sync_weights(self, params: Any, export_dir: Path, *, version: int) -> None:
         local = sampler_copy(params)
         if self.engine is not None:
-            self.engine.sampler.swap(self.model_cfg, local)
-            self.engine.weight_version = str(version)
+            await self.engine.swap_weights(self.model_cfg, local, weight_version=str(version))
 
     async def release(self) -> None:
         return None

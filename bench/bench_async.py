@@ -91,7 +91,7 @@ def throughput(args) -> None:
                 "pass_rate_last": rows[-1]["pass_rate"],
             }
             print(json.dumps({"k": k, **out[k]}), flush=True)
-    print(f"\n| k | episodes/min | x k=0 | trained/min | trainer busy | mean staleness | stale groups |")
+    print("\n| k | episodes/min | x k=0 | trained/min | trainer busy | mean staleness | stale groups |")
     print("|---|---|---|---|---|---|---|")
     for k, r in out.items():
         ratio = r["episodes_per_min"] / out[0]["episodes_per_min"]

@@ -99,7 +99,8 @@ class HttpBackend:
         if is_main():
             shutil.rmtree(tmp, ignore_errors=True)
         barrier("weights export")
-        save_hf(tmp, self.model_cfg, params, dtype=self.export_dtype)
+        # in a thread: with rl.max_staleness > 0 episodes keep running during the export
+        await asyncio.to_thread(save_hf, tmp, self.model_cfg, params, dtype=self.export_dtype)
         from jaxswe.rollout.client import RolloutError
 
         error = None

@@ -25,7 +25,7 @@ class TokenBatch(NamedTuple):
     input_ids: Any  # int32; 0 on padding
     positions: Any  # int32; restart at 0 in each segment
     segment_ids: Any  # int32; 1, 2, ... per trajectory in a row, 0 = padding
-    loss_mask: Any  # float32; 1 on trained tokens (the loss weights: 0 = not trained)
+    loss_mask: Any = None  # float32; 1 on trained tokens (the loss weights: 0 = not trained)
     advantages: Any = None  # float32; the trajectory's advantage on each of its tokens (RL)
     rollout_logprobs: Any = None  # float32; the rollout engine's log-probs at sampling (RL)
     old_logprobs: Any = None  # float32; the trainer's, recomputed before the updates (RL)

@@ -156,6 +156,7 @@ class _Setup:
 
 def _make_step(setup: _Setup, optimizer, keys, loss_of, lr_schedule) -> Callable:
     def step(state: TrainState, batch: TokenBatch):
+        batch = TokenBatch.of(batch)  # `.jitted` is also lowered on mappings of the fields
         with use_rules(setup.mesh, setup.rules):
             num_tokens = jnp.sum(batch.loss_mask.astype(jnp.float32))
             num_micro = setup.micro_count(batch.input_ids.shape[0])
@@ -300,6 +301,7 @@ def make_compute_logprobs(
     keys = LOGPROB_FIELDS
 
     def run(params, batch):
+        batch = TokenBatch.of(batch)
         with use_rules(mesh, rules):
             b = batch.input_ids.shape[0]
             num_micro = setup.micro_count(b)

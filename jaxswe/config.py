@@ -193,8 +193,15 @@ class RLSection(Section):
     )
     drop_never_solved: bool = True
     history_from: str | None = None  # run dir whose success history feeds the task filter
-    tis_correction: bool = False  # truncated importance sampling for rollout/trainer gap
+    tis_correction: bool = False  # token-level truncated importance sampling (rollout vs trainer)
     tis_cap: float = Field(2.0, gt=0)
+    # off-policy masking (losses.off_policy_weights): drop a trajectory whose sequence ("sequence")
+    # or geometric-mean ("geometric") trainer/rollout ratio is outside [1/threshold, threshold]
+    sequence_mask: Literal["none", "sequence", "geometric"] = "none"
+    mask_threshold: float = Field(2.0, gt=1)
+    # async RL (jaxswe.stages.rl_async): a trained token is at most this many policy versions
+    # behind the trainer; 0 = the paper's synchronous loop
+    max_staleness: int = Field(0, ge=0)
     entropy_coef: float = Field(0.0, ge=0)  # entropy bonus on trained tokens; not in DAPO, 0 = off
     # sampling-bias alarm (jaxswe.rollout.bias): fires when trained tokens are this many nats/token
     # less surprising than the trainer's entropy, at this z; stops the run unless bias_alarm_stop false

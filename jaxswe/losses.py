@@ -91,6 +91,60 @@ def dapo_loss(
     return loss, aux
 
 
+SEQUENCE_MASKS = ("none", "sequence", "geometric")
+
+
+def off_policy_weights(
+    old_logprobs: jax.Array,
+    rollout_logprobs: jax.Array,
+    mask: jax.Array,
+    segment_ids: jax.Array,
+    *,
+    tis_cap: float | None = None,
+    sequence_mask: str = "none",
+    mask_threshold: float = 2.0,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Per-token weights [B, T] (no gradient) for tokens sampled by the rollout policy rather than
+    the trainer's old policy (engine/trainer numerics, or a policy some versions behind).
+
+    With log-ratio d_t = old_t - rollout_t: token-level truncated importance sampling gives
+    w_t = min(exp(d_t), tis_cap) (when `tis_cap`), else 1. `sequence_mask` then zeroes every token
+    of a trajectory (a segment of a row) whose ratio lies outside [1/mask_threshold, mask_threshold]:
+    "sequence" takes the sequence ratio exp(sum_t d_t), "geometric" the geometric mean
+    exp(mean_t d_t), over the trajectory's trained tokens. aux (masked means over trained tokens):
+    offpolicy_weight_mean, offpolicy_weight_max, tis_clip_fraction (the cap binds) and
+    offpolicy_masked_fraction (tokens the sequence mask removed).
+    """
+    chex.assert_rank([old_logprobs, rollout_logprobs, mask, segment_ids], 2)
+    chex.assert_equal_shape([old_logprobs, rollout_logprobs, mask, segment_ids])
+    if sequence_mask not in SEQUENCE_MASKS:
+        raise ValueError(f"sequence_mask {sequence_mask!r} is not one of {SEQUENCE_MASKS}")
+    on_bt = mask > 0
+    log_ratio_bt = jnp.where(on_bt, old_logprobs - rollout_logprobs, 0.0)
+    log_ratio_bt = jax.lax.stop_gradient(jnp.clip(log_ratio_bt, -_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    ratio_bt = jnp.exp(log_ratio_bt)
+    weight_bt = jnp.ones_like(ratio_bt) if tis_cap is None else jnp.minimum(ratio_bt, tis_cap)
+    clipped_bt = jnp.zeros_like(on_bt) if tis_cap is None else on_bt & (ratio_bt > tis_cap)
+    kept_bt = jnp.ones_like(on_bt)
+    if sequence_mask != "none":
+        b, t = segment_ids.shape
+        key = (jnp.arange(b)[:, None] * t + segment_ids).reshape(-1)  # one id per (row, segment)
+        seg_sum = lambda x: jax.ops.segment_sum(x.reshape(-1), key, num_segments=b * t)[key].reshape(b, t)
+        log_seq = seg_sum(log_ratio_bt)
+        if sequence_mask == "geometric":
+            log_seq = log_seq / jnp.maximum(seg_sum(on_bt.astype(jnp.float32)), 1.0)
+        bound = jnp.log(jnp.float32(mask_threshold))
+        kept_bt = jnp.abs(log_seq) <= bound
+    weight_bt = jnp.where(on_bt & kept_bt, weight_bt, 0.0)
+    aux = {
+        "offpolicy_weight_mean": _masked_mean(weight_bt, mask),
+        "offpolicy_weight_max": jnp.max(jnp.where(on_bt, weight_bt, 0.0)),
+        "tis_clip_fraction": _masked_mean(clipped_bt.astype(jnp.float32), mask),
+        "offpolicy_masked_fraction": _masked_mean((~kept_bt).astype(jnp.float32), mask),
+    }
+    return weight_bt, aux
+
+
 def sft_loss(
     logprobs: jax.Array, mask: jax.Array, *, num_tokens: jax.Array | float | None = None
 ) -> tuple[jax.Array, dict[str, jax.Array]]:

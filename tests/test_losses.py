@@ -211,3 +211,48 @@ def test_shape_errors_are_caught():
         losses.dapo_loss(logp, old[:, :-1], adv, mask)
     with pytest.raises(AssertionError):
         losses.dapo_loss(logp, old, adv[:-1], mask)
+
+
+def _np_off_policy(old, rollout, mask, seg, cap, mode, threshold):
+    """float64 reference of off_policy_weights: per-token capped ratio times a per-segment mask."""
+    old, rollout, mask = (np.asarray(a, np.float64) for a in (old, rollout, mask))
+    d = np.where(mask > 0, old - rollout, 0.0)
+    w = np.exp(d) if cap is None else np.minimum(np.exp(d), cap)
+    keep = np.ones_like(w, bool)
+    if mode != "none":
+        for r in range(seg.shape[0]):
+            for s in set(seg[r].tolist()):
+                span = seg[r] == s
+                stat = d[r, span].sum()
+                if mode == "geometric":
+                    stat /= max((mask[r, span] > 0).sum(), 1)
+                keep[r, span] = abs(stat) <= np.log(threshold)
+    w = np.where((mask > 0) & keep, w if cap is not None else 1.0, 0.0)
+    return w, keep
+
+
+@pytest.mark.parametrize(
+    "mode, cap",
+    [("none", 1.5), ("sequence", None), ("sequence", 1.5), ("geometric", None), ("geometric", 1.5)],
+)
+def test_off_policy_weights_match_numpy(mode, cap):
+    """Token TIS and sequence/geometric-mean masking per packed segment, jitted, vs float64."""
+    rng = np.random.default_rng(7)
+    b, t = 3, 12
+    seg = np.zeros((b, t), np.int32)
+    seg[:, :5], seg[:, 5:10] = 1, 2  # two trajectories per row, padding after
+    mask = ((rng.random((b, t)) > 0.2) & (seg > 0)).astype(np.float32)
+    rollout = -rng.uniform(0.5, 3.0, (b, t)).astype(np.float32)
+    old = (rollout + rng.normal(0, 0.4, (b, t))).astype(np.float32)
+    old[0, :5] += 1.0  # one trajectory far off-policy
+    fn = jax.jit(
+        lambda *a: losses.off_policy_weights(*a, tis_cap=cap, sequence_mask=mode, mask_threshold=1.6)
+    )
+    w, aux = fn(old, rollout, mask, seg)
+    want, keep = _np_off_policy(old, rollout, mask, seg, cap, mode, 1.6)
+    np.testing.assert_allclose(np.asarray(w), want, rtol=1e-5, atol=1e-6)
+    on = mask > 0
+    np.testing.assert_allclose(float(aux["offpolicy_masked_fraction"]), (~keep)[on].mean(), rtol=1e-6)
+    np.testing.assert_allclose(float(aux["offpolicy_weight_max"]), want[on].max(), rtol=1e-5)
+    if mode != "none":
+        assert 0 < (~keep)[on].mean() < 1  # the threshold masks some trajectories, not all

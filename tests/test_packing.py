@@ -9,13 +9,13 @@ from jaxswe.data.packing import Sequence, pack_sequences, pad_rows, split_rows, 
 def _seq(n, adv=0.0, start=1):
     ids = np.arange(start, start + n)
     mask = (np.arange(n) % 2).astype(np.float32)
-    return Sequence(ids, mask, old_logprobs=-np.arange(n, dtype=np.float32) / 10, advantage=adv)
+    return Sequence(ids, mask, rollout_logprobs=-np.arange(n, dtype=np.float32) / 10, advantage=adv)
 
 
 def test_segments_positions_and_alignment():
     seqs = [_seq(5, 1.0), _seq(3, -1.0, start=100), _seq(7, 0.5, start=200)]
     batch = pack_sequences(seqs, 10, power_of_two_rows=False)
-    a = batch.arrays
+    a = batch.arrays._asdict()
     assert a["input_ids"].shape == (2, 10)
     for i, s in enumerate(seqs):
         row, start, n = batch.placement[i]
@@ -24,7 +24,7 @@ def test_segments_positions_and_alignment():
         seg = a["segment_ids"][row, start : start + n]
         assert len(set(seg.tolist())) == 1 and seg[0] >= 1
         assert np.all(a["advantages"][row, start : start + n] == s.advantage)
-        np.testing.assert_allclose(unpack_tokens(a["old_logprobs"], batch, i), s.old_logprobs)
+        np.testing.assert_allclose(unpack_tokens(a["rollout_logprobs"], batch, i), s.rollout_logprobs)
     # padding is segment 0 and never trained on
     pad = a["segment_ids"] == 0
     assert np.all(a["loss_mask"][pad] == 0) and np.all(a["input_ids"][pad] == 0)
@@ -48,7 +48,7 @@ def test_bad_sequence_rejected():
 def test_packing_keeps_every_token_once(lengths, seq_len):
     seqs = [_seq(n, start=1000 * i) for i, n in enumerate(lengths)]
     batch = pack_sequences(seqs, seq_len)
-    a = batch.arrays
+    a = batch.arrays._asdict()
     assert int((a["segment_ids"] > 0).sum()) == sum(lengths)
     for row in range(batch.num_rows):
         segs = a["segment_ids"][row]
@@ -69,7 +69,7 @@ def test_split_rows():
 def test_pad_rows():
     batch = pack_sequences([_seq(5)], 8, power_of_two_rows=False)
     padded = pad_rows(batch.arrays, 3)
-    assert padded["input_ids"].shape == (3, 8)
-    assert not padded["segment_ids"][1:].any() and not padded["loss_mask"][1:].any()
+    assert padded.input_ids.shape == (3, 8) and padded.old_logprobs is None
+    assert not padded.segment_ids[1:].any() and not padded.loss_mask[1:].any()
     with pytest.raises(ValueError):
         pad_rows(padded, 2)

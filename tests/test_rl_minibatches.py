@@ -19,7 +19,7 @@ def _trajectories():
 
 
 def _found(steps):
-    return [sorted({int(t) - 100 for t in a["input_ids"][a["segment_ids"] > 0]}) for a in steps]
+    return [sorted({int(t) - 100 for t in a.input_ids[a.segment_ids > 0]}) for a in steps]
 
 
 @pytest.mark.parametrize("rows_per_step", [None, 4])
@@ -32,13 +32,13 @@ def test_each_trajectory_once_in_random_mixed_steps(rows_per_step):
     found = _found(steps)
     assert sorted(i for f in found for i in f) == list(range(32))  # each trajectory exactly once
     for arrays in steps:
-        rows = len(arrays["input_ids"])
+        rows = len(arrays.input_ids)
         assert rows == rows_per_step if rows_per_step else rows % 2 == 0
-        assert set(arrays) >= {"input_ids", "positions", "segment_ids", "loss_mask", "advantages"}
+        assert set(arrays.present()) >= {"input_ids", "positions", "segment_ids", "loss_mask", "advantages"}
     if rows_per_step is None:
         assert len(steps) == 4  # 32 / trajectories_per_step
         # packing sorts by length; the shuffle happens first, so steps mix failures and successes
-        signs = [set(np.sign(a["advantages"][a["loss_mask"] > 0]).tolist()) for a in steps]
+        signs = [set(np.sign(a.advantages[a.loss_mask > 0]).tolist()) for a in steps]
         assert all(s == {-1.0, 1.0} for s in signs), signs
     else:
         assert len(steps) >= 4  # a mini-batch of 8 needs up to 8 rows of 64: split over steps

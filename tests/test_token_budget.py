@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxswe.config import OptimizerSection
-from jaxswe.data.packing import Sequence, pack_sequences, pad_rows
+from jaxswe.data.packing import Sequence, TokenBatch, pack_sequences, pad_rows
 from jaxswe.model.config import get_preset
 from jaxswe.model.params import init_params
 from jaxswe.stages.trainer import Trainer
@@ -26,17 +26,16 @@ def _sequences() -> list[Sequence]:
     return out
 
 
-def _one_row_each(seqs: list[Sequence]) -> dict[str, np.ndarray]:
-    rows = [pack_sequences([s], SEQ_LEN).arrays for s in seqs]
+def _one_row_each(seqs: list[Sequence]) -> TokenBatch:
+    rows = [pack_sequences([s], SEQ_LEN).arrays.present() for s in seqs]
     stacked = {k: np.concatenate([r[k][:1] for r in rows]) for k in rows[0]}
-    return pad_rows(stacked, 16)
+    return pad_rows(TokenBatch(**stacked), 16)
 
 
-def _step(arrays: dict[str, np.ndarray]) -> dict[str, float]:
+def _step(batch: TokenBatch) -> dict[str, float]:
     opt = OptimizerSection(lr=1e-3, weight_decay=0.0, micro_batch_rows=1)
     trainer = Trainer(CONFIG, init_params(CONFIG, jax.random.key(0)), opt)
-    batch = dict(arrays)
-    batch["old_logprobs"], _ = trainer.logprobs(batch)
+    batch = batch._replace(old_logprobs=trainer.logprobs(batch)[0])
     return trainer.dapo_update(batch)
 
 
@@ -44,8 +43,8 @@ def test_short_trajectories_pack_into_few_rows_with_the_same_loss():
     seqs = _sequences()
     packed = pack_sequences(seqs, SEQ_LEN, rows_multiple=1).arrays
     unpacked = _one_row_each(seqs)
-    assert packed["input_ids"].shape == (2, SEQ_LEN) and unpacked["input_ids"].shape == (16, SEQ_LEN)
-    assert packed["loss_mask"].sum() == unpacked["loss_mask"].sum()
+    assert packed.input_ids.shape == (2, SEQ_LEN) and unpacked.input_ids.shape == (16, SEQ_LEN)
+    assert packed.loss_mask.sum() == unpacked.loss_mask.sum()
     a, b = _step(packed), _step(unpacked)
     assert a["tokens"] == b["tokens"]
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)

@@ -2,18 +2,56 @@
 
 Each sequence becomes one segment of a row: `segment_ids` number the segments 1, 2, ... within a
 row (0 = padding), `positions` restart at 0 in each segment, `loss_mask` marks trained tokens
-(the assistant's generated tokens), `old_logprobs` and `advantages` are per token so one row can
+(the assistant's generated tokens), `rollout_logprobs` and `advantages` are per token so one row can
 hold several trajectories. Token t's log-prob is log p(ids[t] | ids[:t]) (the model's
 `token_logprobs` convention), so every array is aligned with `input_ids`.
+
+`TokenBatch` is the one batch type of the trainer: packing fills it, the trainer adds the
+recomputed `old_logprobs`, and the jitted SFT/DAPO steps take it (a NamedTuple is a pytree).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
-BATCH_KEYS = ("input_ids", "positions", "segment_ids", "loss_mask", "old_logprobs", "advantages")
+
+class TokenBatch(NamedTuple):
+    """[B, T] arrays of packed rows; a field a step does not use may be None."""
+
+    input_ids: Any  # int32; 0 on padding
+    positions: Any  # int32; restart at 0 in each segment
+    segment_ids: Any  # int32; 1, 2, ... per trajectory in a row, 0 = padding
+    loss_mask: Any = None  # float32; 1 on trained tokens (the loss weights: 0 = not trained)
+    advantages: Any = None  # float32; the trajectory's advantage on each of its tokens (RL)
+    rollout_logprobs: Any = None  # float32; the rollout engine's log-probs at sampling (RL)
+    old_logprobs: Any = None  # float32; the trainer's, recomputed before the updates (RL)
+    policy_versions: Any = None  # int32; the policy version that sampled each token, -1 = not sampled
+
+    @classmethod
+    def of(cls, batch: TokenBatch | Mapping[str, Any]) -> TokenBatch:
+        """A TokenBatch from itself or from a mapping of field names to arrays."""
+        if isinstance(batch, TokenBatch):
+            return batch
+        unknown = set(batch) - set(cls._fields)
+        if unknown:
+            raise ValueError(f"batch has unknown fields {sorted(unknown)}; TokenBatch has {cls._fields}")
+        return cls(**batch)
+
+    def only(self, fields: tuple[str, ...]) -> TokenBatch:
+        """This batch with every field outside `fields` set to None."""
+        return TokenBatch(**{f: (getattr(self, f) if f in fields else None) for f in self._fields})
+
+    def present(self) -> dict[str, Any]:
+        """The fields that hold arrays, by name."""
+        return {f: v for f, v in zip(self._fields, self, strict=True) if v is not None}
+
+
+SFT_FIELDS = ("input_ids", "positions", "segment_ids", "loss_mask")
+DAPO_FIELDS = SFT_FIELDS + ("advantages", "rollout_logprobs", "old_logprobs")
 
 
 @dataclass(frozen=True)
@@ -22,31 +60,32 @@ class Sequence:
 
     input_ids: np.ndarray  # int [L]
     loss_mask: np.ndarray  # float/bool [L]
-    old_logprobs: np.ndarray | None = None  # float [L]; None -> zeros (SFT)
+    rollout_logprobs: np.ndarray | None = None  # float [L]; None -> zeros (SFT)
     advantage: float = 0.0
+    policy_versions: np.ndarray | None = None  # int [L]; -1 where not sampled; None -> -1
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
         if len(self.loss_mask) != n:
             raise ValueError(f"loss_mask has {len(self.loss_mask)} entries for {n} tokens")
-        if self.old_logprobs is not None and len(self.old_logprobs) != n:
-            raise ValueError(f"old_logprobs has {len(self.old_logprobs)} entries for {n} tokens")
+        if self.rollout_logprobs is not None and len(self.rollout_logprobs) != n:
+            raise ValueError(f"rollout_logprobs has {len(self.rollout_logprobs)} entries for {n} tokens")
 
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """[B, T] arrays (keys BATCH_KEYS) plus where each sequence went."""
+    """The packed TokenBatch (old_logprobs None) plus where each sequence went."""
 
-    arrays: dict[str, np.ndarray]
+    arrays: TokenBatch
     placement: list[tuple[int, int, int]]  # per input sequence: (row, start, length kept)
     truncated: int  # sequences cut to fit seq_len
 
     @property
     def num_rows(self) -> int:
-        return int(self.arrays["input_ids"].shape[0])
+        return int(self.arrays.input_ids.shape[0])
 
-    def rows(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        return {k: v[start:stop] for k, v in self.arrays.items()}
+    def rows(self, start: int, stop: int) -> TokenBatch:
+        return TokenBatch(**{k: v[start:stop] for k, v in self.arrays.present().items()})
 
 
 def _round_rows(n: int, multiple: int, power_of_two: bool) -> int:
@@ -86,8 +125,9 @@ def pack_sequences(
         "positions": np.zeros(shape, np.int32),
         "segment_ids": np.zeros(shape, np.int32),
         "loss_mask": np.zeros(shape, np.float32),
-        "old_logprobs": np.zeros(shape, np.float32),
         "advantages": np.zeros(shape, np.float32),
+        "rollout_logprobs": np.zeros(shape, np.float32),
+        "policy_versions": np.full(shape, -1, np.int32),
     }
     segments_in_row = [0] * num_rows
     for i in sorted(range(len(sequences)), key=lambda i: placement[i][:2]):
@@ -99,23 +139,28 @@ def pack_sequences(
         arrays["positions"][row, span] = np.arange(n, dtype=np.int32)
         arrays["segment_ids"][row, span] = segments_in_row[row]
         arrays["loss_mask"][row, span] = np.asarray(seq.loss_mask[:n], np.float32)
-        if seq.old_logprobs is not None:
-            arrays["old_logprobs"][row, span] = np.asarray(seq.old_logprobs[:n], np.float32)
+        if seq.rollout_logprobs is not None:
+            arrays["rollout_logprobs"][row, span] = np.asarray(seq.rollout_logprobs[:n], np.float32)
         arrays["advantages"][row, span] = float(seq.advantage)
+        if seq.policy_versions is not None:
+            arrays["policy_versions"][row, span] = np.asarray(seq.policy_versions[:n], np.int32)
     # Position 0 of a segment has no prefix: it is never a trained token.
     arrays["loss_mask"][arrays["positions"] == 0] = 0.0
     truncated = sum(1 for s, n in zip(sequences, lengths, strict=True) if len(s.input_ids) > n)
-    return PackedBatch(arrays=arrays, placement=placement, truncated=truncated)
+    return PackedBatch(arrays=TokenBatch(**arrays), placement=placement, truncated=truncated)
 
 
-def pad_rows(arrays: dict[str, np.ndarray], num_rows: int) -> dict[str, np.ndarray]:
+def pad_rows(batch: TokenBatch, num_rows: int) -> TokenBatch:
     """Append empty rows (segment 0, no loss) so every array has `num_rows` rows."""
-    have = len(arrays["input_ids"])
+    have = len(batch.input_ids)
     if have > num_rows:
         raise ValueError(f"cannot pad {have} rows down to {num_rows}")
-    return {
-        k: np.concatenate([v, np.zeros((num_rows - have, *v.shape[1:]), v.dtype)]) for k, v in arrays.items()
-    }
+
+    def pad(name: str, v: np.ndarray) -> np.ndarray:
+        fill = np.full((num_rows - have, *v.shape[1:]), -1 if name == "policy_versions" else 0, v.dtype)
+        return np.concatenate([v, fill])
+
+    return TokenBatch(**{k: pad(k, v) for k, v in batch.present().items()})
 
 
 def split_rows(num_rows: int, num_steps: int) -> list[tuple[int, int]]:

@@ -201,6 +201,14 @@ class EmbeddedEngine:
                 self._ctl.updating = False
                 self._cond.notify_all()
 
+    async def swap_weights(self, cfg: Any, params: Any, *, weight_version: str) -> None:
+        """Swap in-memory weights between two batches: requests in flight keep running, and each
+        result is stamped with the version that sampled it (the trainer's in-process sync)."""
+        self._ensure_worker()
+        async with self._lock:
+            self.sampler.swap(cfg, params)
+            self.weight_version = weight_version
+
     async def close(self) -> None:
         if self._worker is not None:
             self._worker.cancel()

@@ -39,8 +39,9 @@ class Episode:
         return Sequence(
             np.asarray(self.input_ids, np.int32),
             np.asarray(self.loss_mask, np.float32),
-            old_logprobs=np.asarray(self.rollout_logprobs, np.float32),
+            rollout_logprobs=np.asarray(self.rollout_logprobs, np.float32),
             advantage=advantage,
+            policy_versions=np.asarray(self.policy_versions, np.int32) if self.policy_versions else None,
         )
 
     def sft_sequence(self) -> Sequence:

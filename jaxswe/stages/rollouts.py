@@ -70,8 +70,7 @@ class EmbeddedBackend:
     async def sync_weights(self, params: Any, export_dir: Path, *, version: int) -> None:
         local = sampler_copy(params)
         if self.engine is not None:
-            self.engine.sampler.swap(self.model_cfg, local)
-            self.engine.weight_version = str(version)
+            await self.engine.swap_weights(self.model_cfg, local, weight_version=str(version))
 
     async def release(self) -> None:
         return None
@@ -100,7 +99,8 @@ class HttpBackend:
         if is_main():
             shutil.rmtree(tmp, ignore_errors=True)
         barrier("weights export")
-        save_hf(tmp, self.model_cfg, params, dtype=self.export_dtype)
+        # in a thread: with rl.max_staleness > 0 episodes keep running during the export
+        await asyncio.to_thread(save_hf, tmp, self.model_cfg, params, dtype=self.export_dtype)
         from jaxswe.rollout.client import RolloutError
 
         error = None

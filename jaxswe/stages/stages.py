@@ -15,11 +15,10 @@ from jaxswe.stages.context import StageContext, check_inputs, ensure_backend, fi
 from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference
 from jaxswe.stages.evaluate import run_eval_stage
 from jaxswe.stages.rft import run_rft
-from jaxswe.stages.rl import RLSetup, run_rl
+from jaxswe.stages.rl import RLSetup, rl_trainer, run_rl
 from jaxswe.stages.runtime import env_factory
 from jaxswe.stages.stage_io import load_history, read_json, write_json
 from jaxswe.stages.task_pool import filter_by_history
-from jaxswe.stages.trainer import Trainer
 from jaxswe.stages.warmstart import build_policy, run_warmstart
 
 STAGES = ("warmstart", "rft", "rl", "eval")
@@ -50,19 +49,10 @@ def run_rl_stage(ctx: StageContext, *, history_from: str | None, resume: bool) -
         write_json(stage_dir / "task_filter.json", {**counts, "source": str(history_from), "pool": pool})
         if not pool:
             raise UserError(f"the task filter from {history_from} leaves no task to train on")
-    trainer = Trainer(
-        ctx.policy.model_cfg,
-        ctx.policy.params,
-        cfg.optimizer,
-        eps_low=rl.eps_low,
-        eps_high=rl.eps_high,
-        entropy_coef=rl.entropy_coef,
-        mesh_cfg=cfg.mesh,
-    )
     setup = RLSetup(
         cfg=cfg,
         stage_dir=stage_dir,
-        trainer=trainer,
+        trainer=rl_trainer(cfg, ctx.policy.model_cfg, ctx.policy.params),
         backend=ensure_backend(ctx),
         tokenizer=ctx.tokenizer,
         make_env=ctx.make_env,

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxswe.config import MeshSection, OptimizerSection
+from jaxswe.data.packing import DAPO_FIELDS, SFT_FIELDS, TokenBatch
 from jaxswe.distributed import to_host
 from jaxswe.model.params import param_logical_axes
 from jaxswe.optim import make_optimizer, make_schedule
@@ -28,7 +29,7 @@ from jaxswe.train import (
 from jaxswe.train.state import abstract_params
 from sharding import make_mesh, make_rules, param_shardings
 
-Batch = dict[str, np.ndarray]
+Batch = TokenBatch | dict[str, np.ndarray]
 
 
 def trainer_mesh(mesh_cfg: MeshSection | None) -> tuple[Any, Any, str]:
@@ -57,6 +58,9 @@ class Trainer:
         eps_low: float = 0.2,
         eps_high: float = 0.28,
         entropy_coef: float = 0.0,
+        tis_cap: float | None = None,
+        sequence_mask: str = "none",
+        mask_threshold: float = 2.0,
         mesh_cfg: MeshSection | None = None,
     ):
         self.model_cfg = model_cfg
@@ -79,6 +83,9 @@ class Trainer:
             eps_low=eps_low,
             eps_high=eps_high,
             entropy_coef=entropy_coef,
+            tis_cap=tis_cap,
+            sequence_mask=sequence_mask,
+            mask_threshold=mask_threshold,
             **common,
         )
         self._shardings: TrainState = self._sft.state_shardings
@@ -122,27 +129,24 @@ class Trainer:
         restored = TrainState(params=state["params"], opt_state=opt["optimizer"], step=jnp.int32(opt["step"]))
         self._state = jax.device_put(restored, self._shardings)
 
-    def _put(self, batch: Batch, keys: tuple[str, ...]) -> dict[str, jax.Array]:
-        return {k: jax.device_put(np.asarray(batch[k]), self._sft.batch_sharding) for k in keys}
+    def _put(self, batch: Batch) -> TokenBatch:
+        batch = TokenBatch.of(batch)
+        put = lambda x: None if x is None else jax.device_put(np.asarray(x), self._sft.batch_sharding)
+        return TokenBatch(*(put(x) for x in batch))
 
     def logprobs(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         """Trainer log-probs and entropies [B, T] of the batch's tokens (no update)."""
-        lp_bt, ent_bt = self._lp(self.params, self._put(batch, ("input_ids", "positions", "segment_ids")))
+        lp_bt, ent_bt = self._lp(
+            self.params, self._put(TokenBatch.of(batch).only(("input_ids", "positions", "segment_ids")))
+        )
         return to_host(lp_bt).astype(np.float32), to_host(ent_bt).astype(np.float32)
 
     def sft_update(self, batch: Batch) -> dict[str, float]:
-        self._state, out = self._sft(
-            self._state, self._put(batch, ("input_ids", "positions", "segment_ids", "loss_mask"))
-        )
+        self._state, out = self._sft(self._state, self._put(TokenBatch.of(batch).only(SFT_FIELDS)))
         return {k: float(v) for k, v in out.items()}
 
     def dapo_update(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step of the DAPO loss; `batch` needs old_logprobs and advantages [B, T] and
-        optionally token_weights [B, T] (> 0), folded into the advantages: for w > 0,
-        w * min(rho*A, clip(rho)*A) = min(rho*A*w, clip(rho)*A*w)."""
-        batch = dict(batch)
-        if "token_weights" in batch:
-            batch["advantages"] = np.asarray(batch["advantages"]) * np.asarray(batch.pop("token_weights"))
-        keys = ("input_ids", "positions", "segment_ids", "loss_mask", "old_logprobs", "advantages")
-        self._state, out = self._dapo(self._state, self._put(batch, keys))
+        """One optimizer step of the DAPO loss; `batch` holds advantages, the rollout's and the
+        trainer's old log-probs (the off-policy correction is computed in the jitted loss)."""
+        self._state, out = self._dapo(self._state, self._put(TokenBatch.of(batch).only(DAPO_FIELDS)))
         return {k: float(v) for k, v in out.items()}

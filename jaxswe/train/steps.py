@@ -1,8 +1,10 @@
 """Jitted, sharded SFT and DAPO train steps and old-log-prob recomputation.
 
-A batch is a dict of [B, T] arrays: input_ids, positions, segment_ids (int32; 0 = padding, several
-trajectories may share a row, each its own segment), loss_mask (float32); DAPO adds old_logprobs
-and advantages (float32, per token). Every step:
+A batch is a `TokenBatch` (jaxswe.data.packing; a mapping of its field names is accepted) of
+[B, T] arrays: input_ids, positions, segment_ids (int32; 0 = padding, several trajectories may
+share a row, each its own segment), loss_mask (float32); DAPO adds advantages, rollout_logprobs
+and the trainer's old_logprobs (float32, per token), and corrects for the rollout policy inside
+the jitted loss (`losses.off_policy_weights`). Every step:
 - runs under the mesh's logical-axis rules (params/opt state sharded by `train_state_shardings`,
   rows over the `batch` axes, tokens over the `length` axes with context-parallel attention),
 - splits the batch into `num_micro` micro-batches accumulated in a scan (each micro-batch takes
@@ -28,8 +30,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxswe.data.packing import DAPO_FIELDS, SFT_FIELDS, TokenBatch
 from jaxswe.errors import UserError
-from jaxswe.losses import dapo_loss, sft_loss
+from jaxswe.losses import dapo_loss, off_policy_weights, sft_loss
 from jaxswe.model.attention import mesh_attention
 from jaxswe.model.config import Qwen2Config
 from jaxswe.optim import accumulate_gradients
@@ -38,8 +41,7 @@ from jaxswe.train.state import TrainState, train_state_shardings
 from sharding import context_size, replicated, use_rules
 from sharding.logical import Rules, logical_to_spec
 
-SFT_KEYS = ("input_ids", "positions", "segment_ids", "loss_mask")
-DAPO_KEYS = SFT_KEYS + ("old_logprobs", "advantages")
+LOGPROB_FIELDS = ("input_ids", "positions", "segment_ids")
 
 
 class TrainStepError(UserError):
@@ -58,17 +60,17 @@ def _batch_shards(mesh: Mesh, rules: Rules) -> int:
 
 
 def check_batch(
-    batch: dict[str, Any], keys: tuple[str, ...], *, num_micro: int, row_shards: int, token_shards: int
+    batch: TokenBatch, keys: tuple[str, ...], *, num_micro: int, row_shards: int, token_shards: int
 ) -> None:
-    """Raise TrainStepError naming the first problem with a batch's keys, shapes or divisibility."""
-    missing = [k for k in keys if k not in batch]
+    """Raise TrainStepError naming the first problem with a batch's fields, shapes or divisibility."""
+    missing = [k for k in keys if getattr(batch, k) is None]
     if missing:
         raise TrainStepError(f"batch is missing {missing}; a batch needs {list(keys)}")
-    shape = tuple(batch["input_ids"].shape)
+    shape = tuple(batch.input_ids.shape)
     for k in keys:
-        if tuple(batch[k].shape) != shape or len(shape) != 2:
+        if tuple(getattr(batch, k).shape) != shape or len(shape) != 2:
             raise TrainStepError(
-                f"batch[{k!r}] has shape {tuple(batch[k].shape)}; every leaf must be [B, T] = {shape}"
+                f"batch.{k} has shape {tuple(getattr(batch, k).shape)}; every leaf must be [B, T] = {shape}"
             )
     b, t = shape
     if b % (num_micro * row_shards):
@@ -79,7 +81,7 @@ def check_batch(
         raise TrainStepError(f"row length {t} must be divisible by 2 x context size ({2 * token_shards})")
 
 
-def interleave_rows(batch: dict[str, jax.Array], num_micro: int, shards: int) -> dict[str, jax.Array]:
+def interleave_rows(batch: Any, num_micro: int, shards: int) -> Any:
     """Reorder rows so that contiguous micro-batch k holds rows k of every device's block.
 
     Rows [D blocks of M*b] -> [M groups of D*b]: each micro-batch then draws equally from every
@@ -130,9 +132,9 @@ class _Setup:
         return policy_logprobs(
             params,
             self.config,
-            mb["input_ids"],
-            mb["positions"],
-            mb["segment_ids"],
+            mb.input_ids,
+            mb.positions,
+            mb.segment_ids,
             attention_fn=self.attention_fn,
             context_n=self.context_n,
         )
@@ -148,22 +150,22 @@ class _Setup:
         return (self.micro_rows or self.num_micro) * self.row_shards
 
     def check(self, batch, keys):
-        num_micro = self.micro_count(batch["input_ids"].shape[0])
+        num_micro = self.micro_count(batch.input_ids.shape[0])
         check_batch(batch, keys, num_micro=num_micro, row_shards=self.row_shards, token_shards=self.context_n)
 
 
 def _make_step(setup: _Setup, optimizer, keys, loss_of, lr_schedule) -> Callable:
-    def step(state: TrainState, batch: dict[str, jax.Array]):
+    def step(state: TrainState, batch: TokenBatch):
+        batch = TokenBatch.of(batch)  # `.jitted` is also lowered on mappings of the fields
         with use_rules(setup.mesh, setup.rules):
-            batch = {k: batch[k] for k in keys}
-            num_tokens = jnp.sum(batch["loss_mask"].astype(jnp.float32))
-            num_micro = setup.micro_count(batch["input_ids"].shape[0])
+            num_tokens = jnp.sum(batch.loss_mask.astype(jnp.float32))
+            num_micro = setup.micro_count(batch.input_ids.shape[0])
             micro = interleave_rows(batch, num_micro, setup.row_shards)
 
             def loss_fn(params, mb):
                 logp, entropy = setup.logprobs(params, mb)
                 loss, aux = loss_of(logp, entropy, mb, num_tokens)
-                aux = dict(aux, entropy=jax.lax.stop_gradient(_masked_mean(entropy, mb["loss_mask"])))
+                aux = dict(aux, entropy=jax.lax.stop_gradient(_masked_mean(entropy, mb.loss_mask)))
                 return loss, aux
 
             loss, aux, grads = accumulate_gradients(loss_fn, state.params, micro, num_micro)
@@ -182,14 +184,15 @@ def _make_step(setup: _Setup, optimizer, keys, loss_of, lr_schedule) -> Callable
 
     jitted = jax.jit(
         step,
-        in_shardings=(setup.state_sh, {k: setup.batch_sh for k in keys}),
+        in_shardings=(setup.state_sh, setup.batch_sh),
         out_shardings=(setup.state_sh, replicated(setup.mesh)),
         donate_argnums=(0,),
     )
 
-    def checked(state: TrainState, batch: dict[str, jax.Array]):
+    def checked(state: TrainState, batch: TokenBatch | dict[str, Any]):
+        batch = TokenBatch.of(batch).only(keys)
         setup.check(batch, keys)
-        return jitted(state, {k: batch[k] for k in keys})
+        return jitted(state, batch)
 
     checked.jitted = jitted
     checked.state_shardings = setup.state_sh
@@ -218,9 +221,9 @@ def make_sft_step(
     setup = _Setup(model_cfg, optimizer, mesh, rules, num_micro, context_attention, micro_rows)
 
     def loss_of(logp, entropy, mb, num_tokens):
-        return sft_loss(logp, mb["loss_mask"], num_tokens=num_tokens)
+        return sft_loss(logp, mb.loss_mask, num_tokens=num_tokens)
 
-    return _make_step(setup, optimizer, SFT_KEYS, loss_of, lr_schedule)
+    return _make_step(setup, optimizer, SFT_FIELDS, loss_of, lr_schedule)
 
 
 def make_dapo_step(
@@ -233,29 +236,50 @@ def make_dapo_step(
     eps_low: float = 0.2,
     eps_high: float = 0.28,
     entropy_coef: float = 0.0,
+    tis_cap: float | None = None,
+    sequence_mask: str = "none",
+    mask_threshold: float = 2.0,
     lr_schedule: optax.Schedule | None = None,
     context_attention: str = "ring",
     micro_rows: int | None = None,
-) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
+) -> Callable[[TrainState, TokenBatch], tuple[TrainState, dict[str, jax.Array]]]:
     """step(state, batch) -> (state, metrics) of the DAPO clipped objective (per-token advantages),
-    plus `dapo_loss`'s entropy bonus when `entropy_coef` > 0."""
+    plus `dapo_loss`'s entropy bonus when `entropy_coef` > 0. With `tis_cap` or a `sequence_mask`
+    each token is weighted by `off_policy_weights(old_logprobs, rollout_logprobs, ...)`, computed
+    here in the jitted loss (its metrics join the step's); without either the rollout log-probs
+    are not read."""
     setup = _Setup(model_cfg, optimizer, mesh, rules, num_micro, context_attention, micro_rows)
+    corrected = tis_cap is not None or sequence_mask != "none"
 
     def loss_of(logp, entropy, mb, num_tokens):
-        chex.assert_equal_shape([logp, mb["old_logprobs"], mb["advantages"]])
-        return dapo_loss(
+        chex.assert_equal_shape([logp, mb.old_logprobs, mb.advantages])
+        weights, weight_aux = None, {}
+        if corrected:
+            weights, weight_aux = off_policy_weights(
+                mb.old_logprobs,
+                mb.rollout_logprobs,
+                mb.loss_mask,
+                mb.segment_ids,
+                tis_cap=tis_cap,
+                sequence_mask=sequence_mask,
+                mask_threshold=mask_threshold,
+            )
+        loss, aux = dapo_loss(
             logp,
-            mb["old_logprobs"],
-            mb["advantages"],
-            mb["loss_mask"],
+            mb.old_logprobs,
+            mb.advantages,
+            mb.loss_mask,
             eps_low=eps_low,
             eps_high=eps_high,
             num_tokens=num_tokens,
+            token_weights=weights,
             entropy=entropy,
             entropy_coef=entropy_coef,
         )
+        return loss, {**aux, **weight_aux}
 
-    return _make_step(setup, optimizer, DAPO_KEYS, loss_of, lr_schedule)
+    fields = DAPO_FIELDS if corrected else tuple(f for f in DAPO_FIELDS if f != "rollout_logprobs")
+    return _make_step(setup, optimizer, fields, loss_of, lr_schedule)
 
 
 def make_compute_logprobs(
@@ -274,11 +298,12 @@ def make_compute_logprobs(
     recompute old log-probs before a DAPO update and to measure the rollout/trainer gap.
     """
     setup = _Setup(model_cfg, None, mesh, rules, num_micro, context_attention, micro_rows)
-    keys = ("input_ids", "positions", "segment_ids")
+    keys = LOGPROB_FIELDS
 
     def run(params, batch):
+        batch = TokenBatch.of(batch)
         with use_rules(mesh, rules):
-            b = batch["input_ids"].shape[0]
+            b = batch.input_ids.shape[0]
             num_micro = setup.micro_count(b)
             micro = interleave_rows(batch, num_micro, setup.row_shards)
             micro = jax.tree.map(lambda x: x.reshape(num_micro, b // num_micro, *x.shape[1:]), micro)
@@ -289,13 +314,14 @@ def make_compute_logprobs(
 
     jitted = jax.jit(
         run,
-        in_shardings=(params_shardings, {k: setup.batch_sh for k in keys}),
+        in_shardings=(params_shardings, setup.batch_sh),
         out_shardings=(setup.batch_sh, setup.batch_sh),
     )
 
-    def checked(params, batch):
+    def checked(params, batch: TokenBatch | dict[str, Any]):
+        batch = TokenBatch.of(batch).only(keys)
         setup.check(batch, keys)
-        return jitted(params, {k: batch[k] for k in keys})
+        return jitted(params, batch)
 
     checked.jitted = jitted
     return checked

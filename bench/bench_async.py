@@ -1,0 +1,149 @@
+"""Async RL against the synchronous loop, in one run: stragglers, throughput, and learning.
+
+    python bench/bench_async.py throughput [--iterations 8] [--step-s 0.2]
+    python bench/bench_async.py learning [--seeds 0 1 2] [--iterations 30]
+
+throughput: configs/toy-rl.yaml with heavy-tailed environment latency (every step of an episode
+sleeps --step-s; 5% of the episodes, drawn per episode, 10x longer), for rl.max_staleness k = 0,
+1, 2 one after another in this process. Reports, over iterations 2.. (the first compiles),
+episodes trained from per minute of wall time and the trainer's busy fraction (time in the DAPO
+update / iteration time), and each k's ratio to k = 0.
+
+learning: the plain toy config (no latency) for k = 0 and k = 1 per seed; reports the trained
+samples (trajectories_trained, summed) until the pass rate first reaches 0.8, and k = 1's ratio to
+k = 0 (goal: <= 1.2).
+
+Runs on one CPU device (XLA_FLAGS unset); prints one JSON line per run and a summary table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.pop("XLA_FLAGS", None)
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from jaxswe.config import load_config  # noqa: E402
+from jaxswe.run.metrics import read_rows  # noqa: E402
+from jaxswe.stages.context import open_stage  # noqa: E402
+from jaxswe.stages.stages import run_rl_stage  # noqa: E402
+
+CONFIG = ROOT / "configs" / "toy-rl.yaml"
+
+
+class StragglerEnv:
+    """An environment whose every step first sleeps: `step_s`, or 10 x `step_s` for the episodes
+    drawn slow (probability `slow_p`)."""
+
+    def __init__(self, env, step_s: float, slow: bool):
+        self.env, self.delay = env, step_s * (10.0 if slow else 1.0)
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def step(self, action_text: str):
+        time.sleep(self.delay)
+        return self.env.step(action_text)
+
+
+def straggler_factory(make_env, step_s: float, slow_p: float, seed: int):
+    rng, lock = random.Random(seed), threading.Lock()
+
+    def make(task_id: str):
+        with lock:
+            slow = rng.random() < slow_p
+        return StragglerEnv(make_env(task_id), step_s, slow)
+
+    return make
+
+
+def run(run_dir: Path, sets: list[str], *, step_s: float = 0.0) -> list[dict]:
+    cfg = load_config(CONFIG, sets)
+    ctx = open_stage(cfg, run_dir, init_from=None)
+    if step_s:
+        ctx.make_env = straggler_factory(ctx.make_env, step_s, 0.05, cfg.seed)
+    run_rl_stage(ctx, history_from=None, resume=False)
+    return read_rows(run_dir / "metrics.jsonl")
+
+
+def throughput(args) -> None:
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in (0, 1, 2):
+            sets = [f"rl.iterations={args.iterations}", f"rl.max_staleness={k}", "eval.after_stage=false"]
+            rows = run(Path(tmp) / f"k{k}", sets, step_s=args.step_s)[1:]
+            wall = sum(r["time_iteration_s"] for r in rows)
+            out[k] = {
+                "episodes_per_min": 60 * sum(r["episodes"] for r in rows) / wall,
+                "trained_per_min": 60 * sum(r["trajectories_trained"] for r in rows) / wall,
+                "trainer_busy": sum(r["time_train_s"] for r in rows) / wall,
+                "staleness_mean": sum(r.get("staleness_mean", 0.0) for r in rows) / len(rows),
+                "groups_stale": sum(r.get("groups_stale", 0) for r in rows),
+                "pass_rate_last": rows[-1]["pass_rate"],
+            }
+            print(json.dumps({"k": k, **out[k]}), flush=True)
+    print("\n| k | episodes/min | x k=0 | trained/min | trainer busy | mean staleness | stale groups |")
+    print("|---|---|---|---|---|---|---|")
+    for k, r in out.items():
+        ratio = r["episodes_per_min"] / out[0]["episodes_per_min"]
+        print(
+            f"| {k} | {r['episodes_per_min']:.0f} | {ratio:.2f} | {r['trained_per_min']:.0f} | "
+            f"{r['trainer_busy']:.2f} | {r['staleness_mean']:.2f} | {r['groups_stale']} |"
+        )
+
+
+def samples_to(rows: list[dict], target: float) -> int | None:
+    total = 0
+    for r in rows:
+        total += r.get("trajectories_trained", 0)
+        if r["pass_rate"] >= target:
+            return total
+    return None
+
+
+def learning(args) -> None:
+    table = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            need = {}
+            for k in (0, 1):
+                sets = [f"seed={seed}", f"rl.iterations={args.iterations}", f"rl.max_staleness={k}"]
+                rows = run(Path(tmp) / f"s{seed}k{k}", sets)
+                need[k] = samples_to(rows, 0.8)
+                rates = [round(r["pass_rate"], 2) for r in rows]
+                print(
+                    json.dumps({"seed": seed, "k": k, "samples_to_0.8": need[k], "pass_rates": rates}),
+                    flush=True,
+                )
+            table.append((seed, need[0], need[1]))
+    print("\n| seed | trained samples to 0.8, k=0 | k=1 | k=1 / k=0 |")
+    print("|---|---|---|---|")
+    for seed, a, b in table:
+        ratio = f"{b / a:.2f}" if a and b else "n/a"
+        print(f"| {seed} | {a} | {b} | {ratio} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    t = sub.add_parser("throughput")
+    t.add_argument("--iterations", type=int, default=8)
+    t.add_argument("--step-s", type=float, default=0.2)
+    lr = sub.add_parser("learning")
+    lr.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    lr.add_argument("--iterations", type=int, default=30)
+    args = parser.parse_args()
+    throughput(args) if args.what == "throughput" else learning(args)
+
+
+if __name__ == "__main__":
+    main()

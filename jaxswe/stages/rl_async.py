@@ -1,0 +1,166 @@
+"""Asynchronous rollouts with bounded staleness (rl.max_staleness = k > 0) and partial rollouts.
+
+A `RolloutPump` keeps k x P groups of G episodes outstanding (running, or finished and not yet
+trained) and starts a new group as soon as the trainer takes one, so the rollout engine never
+waits for the trainer and the trainer never waits for the slowest episode of an iteration: while
+version v trains, the groups of the next k steps are sampled by version v - 1 or later (a group
+started when the trainer takes at version v is taken at v + k at the latest, if nothing is
+dropped). A group
+is judged (rewards, advantages) only when all its episodes are done. Weight updates do not stop
+episodes: a running episode continues under the new weights from its next turn, and every sampled
+token keeps the policy version that sampled it (`Episode.policy_versions`).
+
+`take(order, step)` hands the trainer (policy version step - 1) the groups that finished, in
+finishing order, until P of them are informative, within the synchronous loop's budget of P groups
+(P x (1 + rl.max_resample_rounds) with rl.resample_to_fill). A group with a sampled token more
+than k versions behind the trainer is not trained (`groups_stale`). Its row reports the staleness
+of the trained tokens (mean, max, fraction at each lag 0..k) and `time_rollout_s`, the time the
+trainer waited for groups.
+
+Runs on one JAX process (the episodes of all groups share the event loop with the trainer, whose
+steps run in a worker thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from jaxswe.errors import UserError
+from jaxswe.rollout.types import derive_seed
+from jaxswe.stages.episodes import Episode
+from jaxswe.stages.rl import Collected, RLSetup, first_kept, group_rewards, judge
+from jaxswe.stages.rollouts import collect_episodes
+from jaxswe.stages.task_pool import DataOrder, next_problems
+
+
+def group_lag(group: list[Episode], version: int) -> int:
+    """How many policy versions the oldest sampled token of `group` is behind `version`."""
+    sampled = [
+        v
+        for e in group
+        if e.infra_error is None
+        for v, m in zip(e.policy_versions, e.loss_mask, strict=True)
+        if m
+    ]
+    return version - min(sampled) if sampled else 0
+
+
+def staleness_stats(groups: list[list[Episode]], kept: list[bool], version: int, k: int) -> dict[str, Any]:
+    """Staleness of the trained tokens (kept groups' sampled tokens) behind the trainer's version."""
+    lags = np.array(
+        [
+            version - v
+            for g, keep in zip(groups, kept, strict=True)
+            if keep
+            for e in g
+            if e.infra_error is None
+            for v, m in zip(e.policy_versions, e.loss_mask, strict=True)
+            if m
+        ],  # fmt: skip
+        np.int64,
+    )
+    out: dict[str, Any] = {
+        "staleness_mean": float(lags.mean()) if lags.size else 0.0,
+        "staleness_max": int(lags.max()) if lags.size else 0,
+    }
+    for lag in range(k + 1):
+        out[f"staleness_frac_{lag}"] = float((lags == lag).mean()) if lags.size else 0.0
+    return out
+
+
+class RolloutPump:
+    """Groups of episodes kept in flight continuously; `take` is the async loop's `collect`."""
+
+    def __init__(self, setup: RLSetup, order: DataOrder):
+        import jax
+
+        if jax.process_count() > 1:
+            raise UserError("rl.max_staleness > 0 runs on one JAX process; use 0 with several processes")
+        rl = setup.cfg.rl
+        self.setup = setup
+        self.order = order  # drawn ahead of training: includes the problems of outstanding groups
+        self.capacity = rl.max_staleness * rl.problems_per_iteration
+        self.outstanding = 0
+        self.finished: list[list[Episode]] = []
+        self.tasks: set[asyncio.Task] = set()
+        self.changed = asyncio.Event()
+        self.error: BaseException | None = None
+        self._fill()
+
+    def _fill(self) -> None:
+        cfg = self.setup.cfg
+        while self.outstanding < self.capacity:
+            # the seed follows the data order's state, so a group's samples never depend on timing
+            seed = derive_seed(cfg.seed, "rl-async", self.order.to_json())
+            (problem,), self.order = next_problems(self.setup.pool, 1, self.order, cfg.seed)
+            self.outstanding += 1
+            task = asyncio.get_running_loop().create_task(self._run_group(problem, seed))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _run_group(self, problem: str, seed: int) -> None:
+        s, cfg = self.setup, self.setup.cfg
+        try:
+            episodes, _ = await collect_episodes(
+                [problem] * cfg.rl.group_size,
+                s.make_env,
+                s.backend.engine,
+                s.tokenizer,
+                replace(s.sampling, sampling_seed=seed),
+                cfg.agent,
+                concurrency=cfg.env.max_parallel,
+            )
+            self.finished.append(episodes)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # surfaces in the trainer's next take
+            self.error = err
+        self.changed.set()
+
+    async def _next_group(self) -> list[Episode]:
+        while not self.finished:
+            if self.error is not None:
+                raise self.error
+            self.changed.clear()
+            await self.changed.wait()
+        self.outstanding -= 1
+        self._fill()
+        return self.finished.pop(0)
+
+    async def take(self, order: DataOrder, step: int) -> tuple[Collected, DataOrder]:
+        """The judged groups policy version step - 1 trains on (see the module doc); `order` is
+        replaced by the pump's own, which runs ahead by the outstanding groups."""
+        cfg, rl = self.setup.cfg, self.setup.cfg.rl
+        version, k, want = step - 1, rl.max_staleness, rl.problems_per_iteration
+        budget = want * (1 + (rl.max_resample_rounds if rl.resample_to_fill else 0))
+        t0 = time.perf_counter()
+        groups, rewards, fresh = [], [], []
+        while len(groups) < budget:
+            group = await self._next_group()
+            groups.append(group)
+            rewards.append(group_rewards(group, cfg))
+            fresh.append(group_lag(group, version) <= k)
+            kept = [a and b for a, b in zip(judge(groups, rewards).kept, fresh, strict=True)]
+            if sum(kept) >= want:
+                break
+        result = judge(groups, rewards)
+        kept = first_kept([a and b for a, b in zip(result.kept, fresh, strict=True)], want)
+        timings = Counter(
+            time_rollout_s=time.perf_counter() - t0,
+            time_grading_s=sum(e.grading_s for g in groups for e in g),
+        )
+        extra = {"groups_stale": len(fresh) - sum(fresh), **staleness_stats(groups, kept, version, k)}
+        rounds = max(0, -(-len(groups) // want) - 1)
+        return Collected(groups, rewards, result, kept, rounds, timings, extra), self.order
+
+    async def stop(self) -> None:
+        """Cancel the outstanding episodes (a resumed run starts new ones)."""
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -34,7 +34,7 @@ def main() -> None:
     params = init_params(cfg, jax.random.key(0))
     params = dict(params, embed=params["embed"] * 3.0)  # peaked distributions, like a trained model
     sampler = Sampler(cfg, params, max_context=64, min_batch_bucket=BATCH, min_new_bucket=NEW)
-    lp_fn = jax.jit(lambda ids: token_logprobs(params, cfg, ids, return_entropy=True))
+    lp_fn = jax.jit(lambda ids: token_logprobs(params, cfg, ids, return_entropy=True, return_variance=True))
     alarm = BiasAlarm()
     settings = {"unbiased": {}, "top_k=20": {"top_k": 20}, "top_k=2": {"top_k": 2},
                 "min_p=0.1": {"min_p": 0.1}, "top_p=0.8": {"top_p": 0.8}}  # fmt: skip
@@ -46,12 +46,12 @@ def main() -> None:
             params_ = dataclasses.replace(SamplingParams(max_new_tokens=NEW), **forced)
             gens = sampler.generate([GenerateRequest(p.tolist(), params_, True) for p in prompts])
             ids = np.stack([np.concatenate([p, g.output_ids]) for p, g in zip(prompts, gens, strict=True)])
-            lp, ent = (np.asarray(x) for x in lp_fn(jnp.asarray(ids)))
+            lp, ent, var = (np.asarray(x) for x in lp_fn(jnp.asarray(ids)))
             mask = np.zeros(ids.shape, bool)
             mask[:, PROMPT:] = True
             rollout = np.zeros(ids.shape)
             rollout[:, PROMPT:] = [g.logprobs for g in gens]
-            stats = sampling_bias(lp, ent, mask)
+            stats = sampling_bias(lp, ent, var, mask)
             rows.append((logprob_gap(rollout, lp, mask)["kl"], stats, alarm.fires(stats)))
         z = [s["sampling_bias_z"] for _, s, _ in rows]
         print(

@@ -34,11 +34,6 @@ from jaxswe.stages.trainer import Trainer
 from jaxswe.stages.warmstart import ScriptedEngine, corpus_texts, scripted_replies
 from jaxswe.tokenizer import build_tokenizer
 
-# The sampling-bias alarm's standard error (jaxswe/rollout/bias.py) comes from the observed deficits;
-# under this near-deterministic policy a few hundred tokens rarely draw the rare tokens that carry
-# the entropy, so unbiased sampling can read as z > 4 (it fired in 3 of 6 runs of the two tests
-# using this policy, z 15-20 at ~0.015 nats over ~400 tokens). They let it warn instead of stop.
-RL_ALARM = {"bias_alarm_stop": False}
 MODEL = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 
 

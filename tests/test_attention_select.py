@@ -103,7 +103,7 @@ def test_model_attention_reaches_the_recompute_pass():
     assert "stablehlo.case" in texts["blockwise"] and "stablehlo.case" not in texts["dense"]
     assert len({texts["dense"], texts["blockwise"], texts["pallas"]}) == 3  # Pallas: interpret mode
     assert texts["auto"] == texts["blockwise"]  # auto is blockwise off NVIDIA GPUs
-    (logp_d, ent_d), (logp_b, ent_b) = (fns[k](params, batch) for k in ("dense", "blockwise"))
+    (logp_d, ent_d, _), (logp_b, ent_b, _) = (fns[k](params, batch) for k in ("dense", "blockwise"))
     np.testing.assert_allclose(logp_b, logp_d, atol=1e-5)
     np.testing.assert_allclose(ent_b, ent_d, atol=1e-5)
 

@@ -50,7 +50,8 @@ def make_hf_model(tmp_path, *, heads=4, kv_heads=2, hidden=32, tied=False, theta
 
 
 def hf_logprobs(model, ids: np.ndarray, attention_mask: np.ndarray | None = None):
-    """(log p(ids[t] | ids[:t]) with column 0 = 0, entropy), float64 from transformers' logits."""
+    """(log p(ids[t] | ids[:t]) with column 0 = 0, entropy, surprisal variance), float64 from
+    transformers' logits."""
     with torch.no_grad():
         kwargs = {} if attention_mask is None else {"attention_mask": torch.tensor(attention_mask)}
         logits = model(torch.tensor(ids), **kwargs).logits.double()
@@ -59,7 +60,9 @@ def hf_logprobs(model, ids: np.ndarray, attention_mask: np.ndarray | None = None
     out[:, 1:] = np.take_along_axis(logp[:, :-1], ids[:, 1:, None], -1)[..., 0]
     entropy = np.zeros(ids.shape)
     entropy[:, 1:] = -(np.exp(logp) * logp).sum(-1)[:, :-1]
-    return out, entropy
+    var = np.zeros(ids.shape)
+    var[:, 1:] = (np.exp(logp) * logp * logp).sum(-1)[:, :-1] - entropy[:, 1:] ** 2
+    return out, entropy, var
 
 
 def load_for_test(path, **changes):
@@ -69,7 +72,7 @@ def load_for_test(path, **changes):
     ), params
 
 
-jit_logprobs = jax.jit(token_logprobs, static_argnames=("config", "return_entropy"))
+jit_logprobs = jax.jit(token_logprobs, static_argnames=("config", "return_entropy", "return_variance"))
 
 
 _HF_MODELS: dict = {}
@@ -97,17 +100,20 @@ def test_logprobs_match_transformers(tmp_path_factory, heads, kv_heads, hidden, 
     assert config.num_groups == heads // kv_heads and config.tie_word_embeddings == tied
     assert ("lm_head" in params) == (not tied)
     ids = np.random.default_rng(1).integers(0, 97, size=(2, 24))
-    ref, ref_entropy = hf_logprobs(model, ids)
-    logp, entropy = jit_logprobs(params, config=config, input_ids=jnp.asarray(ids), return_entropy=True)
+    ref, ref_entropy, ref_var = hf_logprobs(model, ids)
+    logp, entropy, var = jit_logprobs(
+        params, config=config, input_ids=jnp.asarray(ids), return_entropy=True, return_variance=True
+    )
     np.testing.assert_allclose(np.asarray(logp), ref, atol=TOL)
     np.testing.assert_allclose(np.asarray(entropy), ref_entropy, atol=TOL)
+    np.testing.assert_allclose(np.asarray(var), ref_var, atol=10 * TOL)
 
 
 def test_unjitted_and_dense_paths_match_transformers(tmp_path_factory):
     path, model = hf_dir(tmp_path_factory, heads=4, kv_heads=2, hidden=32, tied=True, theta=1e6)
     config, params = load_for_test(path)
     ids = np.random.default_rng(1).integers(0, 97, size=(2, 24))
-    ref, _ = hf_logprobs(model, ids)
+    ref, *_ = hf_logprobs(model, ids)
     np.testing.assert_allclose(np.asarray(token_logprobs(params, config, jnp.asarray(ids))), ref, atol=TOL)
     dense = jit_logprobs(params, config=config.replace(attention="dense"), input_ids=jnp.asarray(ids))
     np.testing.assert_allclose(np.asarray(dense), ref, atol=TOL)
@@ -120,7 +126,7 @@ def test_yarn_beyond_original_context_matches_transformers(tmp_path):
     assert config.rope_scaling is not None and config.rope_scaling.factor == 4.0
     ids = np.random.default_rng(2).integers(0, 97, size=(2, 24))
     ids = np.concatenate([ids, ids], axis=1)  # positions up to 47 > 16
-    ref, _ = hf_logprobs(model, ids)
+    ref, *_ = hf_logprobs(model, ids)
     np.testing.assert_allclose(
         np.asarray(jit_logprobs(params, config=config, input_ids=jnp.asarray(ids))), ref, atol=TOL
     )
@@ -179,7 +185,7 @@ def test_right_padded_batch(tmp_path_factory):
     ids = rng.integers(0, 97, size=(2, 24))
     mask = (np.arange(24)[None] < np.array(lengths)[:, None]).astype(np.int64)
     ids = ids * mask  # pad id 0
-    ref, _ = hf_logprobs(model, ids, attention_mask=mask)
+    ref, *_ = hf_logprobs(model, ids, attention_mask=mask)
     out = np.asarray(
         jit_logprobs(params, config=config, input_ids=jnp.asarray(ids), segment_ids=jnp.asarray(mask))
     )
@@ -209,7 +215,7 @@ def test_packed_batch_equals_each_segment_alone(tmp_path_factory):
     for b, row in enumerate(segments):
         start = 0
         for segment in row:
-            ref, _ = hf_logprobs(model, segment[None])
+            ref, *_ = hf_logprobs(model, segment[None])
             np.testing.assert_allclose(out[b, start : start + len(segment)], ref[0], atol=TOL)
             start += len(segment)
         assert (out[b, start:] == 0).all()

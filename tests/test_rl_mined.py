@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 import yaml
-from half_solver import RL_ALARM, half_solving_model
+from half_solver import half_solving_model
 
 from envs.tasks import load_tasks
 from jaxswe.cli import main
@@ -73,7 +73,7 @@ def test_short_rl_run_trains_on_mined_tasks(tmp_path):
         "agent": AGENT,
         "env": env,
         "rl": {"iterations": 1, "problems_per_iteration": 2, "group_size": 6, "seq_len": 640,
-               "turn_penalty_threshold": 3, **RL_ALARM},
+               "turn_penalty_threshold": 3},
     }))  # fmt: skip
     run_dir = tmp_path / "run"
     main(["rl", "--config", str(config), "--run-dir", str(run_dir)])
@@ -92,6 +92,7 @@ def test_short_rl_run_trains_on_mined_tasks(tmp_path):
     assert row["groups_kept"] >= 1 and row["optimizer_steps"] > 0 and row["trajectories_trained"] > 0
     assert all(np.isfinite(v) for v in row.values() if isinstance(v, float))
     assert row["logprob_gap_max_abs"] < 1e-3  # the embedded engine samples with the trainer's weights
+    assert row["sampling_bias_alarm"] == 0  # the alarm's stop is on: a false alarm fails the stage
     # the weights changed
     before = load_hf(model_dir, dtype="float32")[1]
     after = load_stage(run_dir)[1]

@@ -30,30 +30,56 @@ NV = 2
 
 
 def _draws(rng, logits_nv, top_k=None):
-    """One token per row from softmax(logits), optionally top-k truncated; (logp of it, entropy)."""
+    """One token per row from softmax(logits), optionally top-k truncated; (logp of it, entropy,
+    surprisal variance) under the untruncated softmax."""
     logp = logits_nv - np.logaddexp.reduce(logits_nv, axis=-1, keepdims=True)
     p = np.exp(logp)
+    ent = -(p * logp).sum(-1)
+    var = (p * logp * logp).sum(-1) - ent * ent
     if top_k is not None:
         cut = np.sort(logp, axis=-1)[:, -top_k][:, None]
         p = np.where(logp >= cut, p, 0.0)
         p /= p.sum(-1, keepdims=True)
     tokens = np.array([rng.choice(len(row), p=row) for row in p])
-    return logp[np.arange(len(tokens)), tokens], -(np.exp(logp) * logp).sum(-1)
+    return logp[np.arange(len(tokens)), tokens], ent, var
 
 
 def test_statistic_is_centered_when_unbiased_and_positive_under_top_k():
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 3, size=(4000, 50))
-    lp, ent = _draws(rng, logits)
-    fair = sampling_bias(lp, ent, np.ones_like(lp))
+    lp, ent, var = _draws(rng, logits)
+    fair = sampling_bias(lp, ent, var, np.ones_like(lp))
     assert abs(fair["sampling_bias_z"]) < 4 and abs(fair["sampling_bias_nats"]) < 0.05
     assert fair["sampling_surprisal"] == pytest.approx(fair["sampling_entropy"], abs=0.05)
-    lp, ent = _draws(rng, logits, top_k=5)  # 0.4 nats/token here; top-k 20 removes 0.04 (z 2 in 4000 tokens)
-    biased = sampling_bias(lp, ent, np.ones_like(lp))
+    # top-k 5 removes 0.4 nats/token here; top-k 20 removes 0.04 (z 2 in 4000 tokens)
+    lp, ent, var = _draws(rng, logits, top_k=5)
+    biased = sampling_bias(lp, ent, var, np.ones_like(lp))
     assert biased["sampling_bias_z"] > 10 and biased["sampling_bias_nats"] > 0.2
     assert BiasAlarm().fires(biased) and not BiasAlarm().fires(fair)
-    empty = sampling_bias(lp, ent, np.zeros_like(lp))
+    empty = sampling_bias(lp, ent, var, np.zeros_like(lp))
     assert empty["sampling_bias_tokens"] == 0 and not BiasAlarm().fires(empty)
+
+
+def test_a_peaked_unbiased_policy_does_not_false_alarm():
+    """A near-deterministic policy (top token 0.999, the rest of the mass in a 1000-token tail)
+    sampled without bias, 400 tokens per iteration: most iterations draw no tail token, so every
+    deficit is small and positive. Normalized by the observed deficits' spread that reads as
+    z ~ sqrt(400) = 20 (the false alarm seen on trained toy and mined-task policies); normalized by
+    the distribution's own surprisal variance it stays near 0. Top-k 1 on the same policy removes
+    0.015 nats/token, too little to see in 400 tokens, and the alarm rightly stays quiet."""
+    rng = np.random.default_rng(0)
+    tail = np.log(1e-3 / 1000)
+    logits = np.full((400, 1001), tail)
+    logits[:, 0] = np.log(0.999)
+    fired, z_old = 0, []
+    for _ in range(200):
+        lp, ent, var = _draws(rng, logits)
+        stats = sampling_bias(lp, ent, var, np.ones_like(lp))
+        fired += BiasAlarm().fires(stats)
+        d = ent + lp
+        z_old.append(d.mean() / (np.sqrt((d * d).sum()) / d.size))
+    assert fired == 0
+    assert np.mean(np.array(z_old) > 4) > 0.5  # the old normalizer would have fired on most of them
 
 
 class ServerSideTopK(Sampler):

@@ -102,15 +102,19 @@ def test_sharded_logprobs_and_dapo_step_equal_unsharded(model, axes):
     _, sharded = load_hf(path, mesh=mesh, shardings=step.state_shardings.params)
     assert sharded["layers"]["w_up"].sharding == step.state_shardings.params["layers"]["w_up"]
 
-    logp, entropy = make_compute_logprobs(cfg, mesh, rules, num_micro=2)(sharded, batch)
-    want = token_logprobs(
+    logp, entropy, var = make_compute_logprobs(cfg, mesh, rules, num_micro=2)(sharded, batch)
+    want_lp, want_ent, want_var = token_logprobs(
         params,
         cfg,
         jnp.asarray(batch["input_ids"]),
         positions=jnp.asarray(batch["positions"]),
         segment_ids=jnp.asarray(batch["segment_ids"]),
+        return_entropy=True,
+        return_variance=True,
     )
-    np.testing.assert_allclose(logp, want, atol=1e-5)
+    np.testing.assert_allclose(logp, want_lp, atol=1e-5)
+    np.testing.assert_allclose(entropy, want_ent, atol=1e-5)
+    np.testing.assert_allclose(var, want_var, atol=1e-4)
     assert bool(jnp.all(entropy >= 0)) and float(entropy.max()) <= np.log(cfg.vocab_size) + 1e-4
 
     state, metrics = step(init_train_state(sharded, opt, step.state_shardings), batch)
@@ -182,7 +186,7 @@ def test_policy_logprobs_unjitted_without_mesh_equal_token_logprobs(model):
     cfg, params, _ = model
     batch = make_batch(cfg, params, seed=2)
     ids, pos, seg = (jnp.asarray(batch[k]) for k in ("input_ids", "positions", "segment_ids"))
-    logp, _ = policy_logprobs(params, cfg, ids, pos, seg)
+    logp, *_ = policy_logprobs(params, cfg, ids, pos, seg)
     np.testing.assert_allclose(
         logp, token_logprobs(params, cfg, ids, positions=pos, segment_ids=seg), atol=1e-6
     )

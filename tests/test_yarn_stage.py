@@ -71,7 +71,7 @@ def test_stage2_turns_on_yarn_over_a_stage1_checkpoint(tmp_path):
     ids = np.random.default_rng(0).integers(0, VOCAB, size=(rows, t)).astype(np.int32)
     batch = {"input_ids": ids, "positions": np.tile(np.arange(t, dtype=np.int32), (rows, 1)),
              "segment_ids": np.ones_like(ids)}  # fmt: skip
-    logp, _ = trainer.logprobs(batch)
+    logp, *_ = trainer.logprobs(batch)
 
     # transformers, from the original checkpoint with the same YaRN config set on its side
     hf_cfg = transformers.AutoConfig.from_pretrained(tmp_path / "hf")

@@ -7,11 +7,16 @@ distribution p, the surprisal -log p(x_t) has conditional mean equal to the entr
 position, so the per-token deficit `d_t = H(p_t) + log p(x_t)` has mean 0 given the past (a
 martingale difference sequence); truncated or sharpened sampling makes it positive.
 
-`sampling_bias` measures the mean deficit in nats per token with its standard error
-`sqrt(sum d_t^2) / n` (the martingale CLT normalizer, valid although tokens of one trajectory
-depend on each other). `BiasAlarm` fires when the deficit is both significant (z above `z`) and
-large (mean above `min_nats`): the second bound keeps a tiny numerical trainer/engine mismatch
-(bf16 engine, fp32 trainer) from tripping it on batches of millions of tokens.
+`sampling_bias` measures the mean deficit in nats per token and its z-score
+`sum d_t / sqrt(sum V_t)`, where `V_t = Var_{x~p_t}(-log p_t(x))` is the trainer's own variance of
+the surprisal at that position: the martingale CLT's predictable normalizer, valid although the
+tokens of one trajectory depend on each other. The variance must come from the distribution, not
+from the observed deficits: a peaked policy puts most of its entropy in rare tokens, so a batch
+that happens to draw none of them has small, all-positive deficits, and their empirical spread
+would call that a z of sqrt(n) (a false alarm on a healthy, near-deterministic policy).
+`BiasAlarm` fires when the deficit is both significant (z above `z`) and large (mean above
+`min_nats`): the second bound keeps a tiny numerical trainer/engine mismatch (bf16 engine, fp32
+trainer) from tripping it on batches of millions of tokens.
 """
 
 from __future__ import annotations
@@ -32,19 +37,25 @@ class BiasedSamplingDetected(UserError):
     """The rollout tokens were not drawn from the model's full softmax at temperature 1."""
 
 
-def sampling_bias(trainer_logprobs: Any, trainer_entropy: Any, mask: Any) -> dict[str, float]:
-    """Surprisal-vs-entropy statistics of the sampled tokens under `mask` (all [.., T] arrays).
+def sampling_bias(
+    trainer_logprobs: Any, trainer_entropy: Any, surprisal_var: Any, mask: Any
+) -> dict[str, float]:
+    """Surprisal-vs-entropy statistics of the sampled tokens under `mask` (all [.., T] arrays; the
+    trainer's log-probs of the sampled tokens, entropies and surprisal variances).
 
     Returns `sampling_bias_nats` (mean of entropy - surprisal; 0 in expectation when sampling is
-    unbiased, positive under truncation), `sampling_bias_z` (that mean over its standard error),
-    `sampling_surprisal` and `sampling_entropy` (means) and `sampling_bias_tokens`. With no token
-    under the mask every value is 0.
+    unbiased, positive under truncation), `sampling_bias_z` (that mean over its standard error
+    sqrt(sum var) / n), `sampling_surprisal` and `sampling_entropy` (means) and
+    `sampling_bias_tokens`. With no token under the mask every value is 0.
     """
     lp = np.asarray(trainer_logprobs, np.float64)
     ent = np.asarray(trainer_entropy, np.float64)
+    var = np.asarray(surprisal_var, np.float64)
     m = np.asarray(mask, bool)
-    if lp.shape != ent.shape or lp.shape != m.shape:
-        raise ValueError(f"shapes differ: logprobs {lp.shape}, entropy {ent.shape}, mask {m.shape}")
+    if not lp.shape == ent.shape == var.shape == m.shape:
+        raise ValueError(
+            f"shapes differ: logprobs {lp.shape}, entropy {ent.shape}, variance {var.shape}, mask {m.shape}"
+        )
     n = int(m.sum())
     if n == 0:
         return dict.fromkeys(
@@ -52,7 +63,7 @@ def sampling_bias(trainer_logprobs: Any, trainer_entropy: Any, mask: Any) -> dic
         ) | {"sampling_bias_tokens": 0}
     deficit = ent[m] + lp[m]
     mean = float(deficit.mean())
-    se = math.sqrt(float(np.sum(deficit * deficit))) / n
+    se = math.sqrt(float(np.sum(var[m]))) / n
     return {
         "sampling_bias_nats": mean,
         "sampling_bias_z": mean / se if se > 0 else 0.0,

@@ -199,14 +199,17 @@ def minibatches(
     return steps, truncated
 
 
-def recompute(trainer: Trainer, steps: list[TokenBatch]) -> tuple[list[TokenBatch], list[np.ndarray]]:
-    """The steps with the trainer's old log-probs (before any update), and their entropies."""
-    out, entropies = [], []
+Dist = tuple[np.ndarray, np.ndarray]  # the trainer's entropy and surprisal variance [B, T] of a batch
+
+
+def recompute(trainer: Trainer, steps: list[TokenBatch]) -> tuple[list[TokenBatch], list[Dist]]:
+    """The steps with the trainer's old log-probs (before any update), and their `Dist`s."""
+    out, dists = [], []
     for batch in steps:
-        lp, ent = trainer.logprobs(batch)
+        lp, ent, var = trainer.logprobs(batch)
         out.append(batch._replace(old_logprobs=lp))
-        entropies.append(ent)
-    return out, entropies
+        dists.append((ent, var))
+    return out, dists
 
 
 def _flat(parts: list[np.ndarray]) -> np.ndarray:
@@ -214,7 +217,7 @@ def _flat(parts: list[np.ndarray]) -> np.ndarray:
 
 
 def check_sampling(
-    rl: RLSection, steps: list[TokenBatch], entropies: list[np.ndarray], where: str, version: int | None
+    rl: RLSection, steps: list[TokenBatch], dists: list[Dist], where: str, version: int | None
 ) -> dict[str, Any]:
     """The rollout-vs-trainer log-prob gap and the sampling-bias statistics of the sampled tokens
     of `steps` (recomputed, not yet updated); with `version`, of the tokens that policy version
@@ -225,7 +228,7 @@ def check_sampling(
         mask &= _flat([b.policy_versions for b in steps]) == version
     trainer_lp = _flat([b.old_logprobs for b in steps])
     gap = logprob_gap(_flat([b.rollout_logprobs for b in steps]), trainer_lp, mask)
-    bias = sampling_bias(trainer_lp, _flat(entropies), mask)
+    bias = sampling_bias(trainer_lp, _flat([e for e, _ in dists]), _flat([v for _, v in dists]), mask)
     alarm = BiasAlarm(min_nats=rl.bias_alarm_nats, z=rl.bias_alarm_z, stop=rl.bias_alarm_stop)
     fired = alarm.check(bias, where=where, gap_kl=gap["kl"])
     return {
@@ -241,13 +244,13 @@ STEP_METRICS = ("loss", "clip_fraction", "approx_kl", "ratio_mean", "grad_norm")
 CORRECTION_METRICS = ("offpolicy_weight_mean", "tis_clip_fraction", "offpolicy_masked_fraction")
 
 
-def update(trainer: Trainer, steps: list[TokenBatch], entropies: list[np.ndarray]) -> dict[str, Any]:
+def update(trainer: Trainer, steps: list[TokenBatch], dists: list[Dist]) -> dict[str, Any]:
     """One DAPO optimizer step per batch; the iteration's training metrics."""
     t0 = time.perf_counter()
     step_metrics = [trainer.dapo_update(batch) for batch in steps]
     train_s = time.perf_counter() - t0
     mask = _flat([b.loss_mask for b in steps]) > 0
-    entropy = _flat(entropies)
+    entropy = _flat([e for e, _ in dists])
     tokens = float(mask.sum())
     out = {
         "optimizer_steps": len(step_metrics),
@@ -269,19 +272,19 @@ def train_on(setup: RLSetup, c: Collected, step: int) -> dict[str, Any]:
     seqs, dropped = training_sequences(c)
     rng = np.random.default_rng([setup.cfg.seed, step])
     steps, truncated = minibatches(seqs, rl, trainer.rows_multiple, rng) if seqs else ([], 0)
-    steps, entropies = recompute(trainer, steps)
+    steps, dists = recompute(trainer, steps)
     # a server that truncates must be caught even in an iteration where no group is informative
     extra, _ = (
         minibatches(dropped, rl, trainer.rows_multiple, np.random.default_rng(0)) if dropped else ([], 0)
     )
-    extra, extra_entropies = recompute(trainer, extra)
+    extra, extra_dists = recompute(trainer, extra)
     out: dict[str, Any] = {"trajectories_trained": len(seqs), "optimizer_steps": 0}
     if seqs or dropped:
         where = f"jaxswe rl iteration {step}"
         version = step - 1 if rl.max_staleness else None
-        out.update(check_sampling(rl, steps + extra, entropies + extra_entropies, where, version))
+        out.update(check_sampling(rl, steps + extra, dists + extra_dists, where, version))
     if seqs:
-        out.update(update(trainer, steps, entropies), sequences_truncated=truncated)
+        out.update(update(trainer, steps, dists), sequences_truncated=truncated)
     return out
 
 

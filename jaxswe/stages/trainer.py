@@ -134,12 +134,13 @@ class Trainer:
         put = lambda x: None if x is None else jax.device_put(np.asarray(x), self._sft.batch_sharding)
         return TokenBatch(*(put(x) for x in batch))
 
-    def logprobs(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-        """Trainer log-probs and entropies [B, T] of the batch's tokens (no update)."""
-        lp_bt, ent_bt = self._lp(
+    def logprobs(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Trainer log-probs, entropies and surprisal variances [B, T] of the batch's tokens (no
+        update)."""
+        stats = self._lp(
             self.params, self._put(TokenBatch.of(batch).only(("input_ids", "positions", "segment_ids")))
         )
-        return to_host(lp_bt).astype(np.float32), to_host(ent_bt).astype(np.float32)
+        return tuple(to_host(x).astype(np.float32) for x in stats)
 
     def sft_update(self, batch: Batch) -> dict[str, float]:
         self._state, out = self._sft(self._state, self._put(TokenBatch.of(batch).only(SFT_FIELDS)))

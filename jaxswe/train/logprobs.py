@@ -27,9 +27,9 @@ def policy_logprobs(
     *,
     attention_fn=None,
     context_n: int = 1,
-) -> tuple[jax.Array, jax.Array]:
-    """(log p(ids[t] | segment prefix), entropy), both float32 [B, T]; 0 at each segment's first
-    token and on padding (segment 0), like `jaxswe.model.token_logprobs`."""
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(log p(ids[t] | segment prefix), entropy, surprisal variance), each float32 [B, T]; 0 at each
+    segment's first token and on padding (segment 0), like `jaxswe.model.token_logprobs`."""
     chex.assert_rank([input_ids, positions, segment_ids], 2)
     chex.assert_equal_shape([input_ids, positions, segment_ids])
     zig = lambda x: reorder_for_context(x, context_n)
@@ -37,9 +37,9 @@ def policy_logprobs(
         params, config, zig(input_ids), zig(positions), zig(segment_ids), attention_fn=attention_fn
     )
     hidden = constrain(restore_order(hidden, context_n), ("batch", "length", "act_embed"))
-    logp, entropy = hidden_logprobs(params, hidden, input_ids, config.logprob_chunk)
+    stats = hidden_logprobs(params, hidden, input_ids, config.logprob_chunk)
     continues = jnp.concatenate(
         [jnp.zeros_like(segment_ids[:, :1], bool), segment_ids[:, 1:] == segment_ids[:, :-1]], axis=1
     )
     keep = continues & (segment_ids != 0)
-    return jnp.where(keep, logp, 0.0), jnp.where(keep, entropy, 0.0)
+    return tuple(jnp.where(keep, x, 0.0) for x in stats)

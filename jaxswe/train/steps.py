@@ -163,7 +163,7 @@ def _make_step(setup: _Setup, optimizer, keys, loss_of, lr_schedule) -> Callable
             micro = interleave_rows(batch, num_micro, setup.row_shards)
 
             def loss_fn(params, mb):
-                logp, entropy = setup.logprobs(params, mb)
+                logp, entropy, _ = setup.logprobs(params, mb)
                 loss, aux = loss_of(logp, entropy, mb, num_tokens)
                 aux = dict(aux, entropy=jax.lax.stop_gradient(_masked_mean(entropy, mb.loss_mask)))
                 return loss, aux
@@ -291,8 +291,9 @@ def make_compute_logprobs(
     params_shardings: Any = None,
     context_attention: str = "ring",
     micro_rows: int | None = None,
-) -> Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, jax.Array]]:
-    """fn(params, batch) -> (logprobs, entropy) [B, T] float32, batch-sharded like the train steps.
+) -> Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, jax.Array, jax.Array]]:
+    """fn(params, batch) -> (logprobs, entropy, surprisal variance) [B, T] float32, batch-sharded
+    like the train steps.
 
     Runs `num_micro` micro-batches one after another (lax.map) to bound activation memory; used to
     recompute old log-probs before a DAPO update and to measure the rollout/trainer gap.
@@ -307,15 +308,15 @@ def make_compute_logprobs(
             num_micro = setup.micro_count(b)
             micro = interleave_rows(batch, num_micro, setup.row_shards)
             micro = jax.tree.map(lambda x: x.reshape(num_micro, b // num_micro, *x.shape[1:]), micro)
-            logp, ent = jax.lax.map(lambda mb: setup.logprobs(params, mb), micro)
+            stats = jax.lax.map(lambda mb: setup.logprobs(params, mb), micro)
             # undo the micro split and the row interleave
             undo = lambda x: interleave_rows({"x": x.reshape(b, -1)}, setup.row_shards, num_micro)["x"]
-            return undo(logp), undo(ent)
+            return tuple(undo(x) for x in stats)
 
     jitted = jax.jit(
         run,
         in_shardings=(params_shardings, setup.batch_sh),
-        out_shardings=(setup.batch_sh, setup.batch_sh),
+        out_shardings=(setup.batch_sh,) * 3,
     )
 
     def checked(params, batch: TokenBatch | dict[str, Any]):

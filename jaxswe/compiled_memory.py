@@ -24,12 +24,12 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxswe.config import RunConfig
+from jaxswe.data.packing import DAPO_FIELDS, SFT_FIELDS
 from jaxswe.optim import make_optimizer, make_schedule
 from jaxswe.plan import model_config_of
 from jaxswe.stages.runtime import model_knobs, stage_model
 from jaxswe.train import make_compute_logprobs, make_dapo_step, make_sft_step
 from jaxswe.train.state import TrainState, abstract_params
-from jaxswe.train.steps import DAPO_KEYS, SFT_KEYS
 from sharding import make_rules
 from sharding.mesh import AXES, resolve_axis_sizes
 
@@ -147,18 +147,19 @@ def compile_memory(
         step = make_dapo_step(
             model_cfg, optimizer, mesh, rules, eps_low=cfg.rl.eps_low, eps_high=cfg.rl.eps_high, **common
         )
-        keys = DAPO_KEYS
+        keys = DAPO_FIELDS
     else:
         rows, seq = cfg.sft.batch_size, cfg.sft.seq_len
         step = make_sft_step(model_cfg, optimizer, mesh, rules, **common)
-        keys = SFT_KEYS
+        keys = SFT_FIELDS
     params = abstract_params(model_cfg)
     state = TrainState(
         params=params,
         opt_state=jax.eval_shape(optimizer.init, params),
         step=jax.ShapeDtypeStruct((), jnp.int32),
     )
-    dtypes = {"loss_mask": jnp.float32, "old_logprobs": jnp.float32, "advantages": jnp.float32}
+    floats = ("loss_mask", "advantages", "rollout_logprobs", "old_logprobs")
+    dtypes = dict.fromkeys(floats, jnp.float32)
     batch = {k: jax.ShapeDtypeStruct((rows, seq), dtypes.get(k, jnp.int32)) for k in keys}
     compiled = step.jitted.lower(state, batch).compile()
     out = {"step": _analyse(compiled, {"params": params, "optimizer": state.opt_state, "step": state.step})}

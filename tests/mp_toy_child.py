@@ -30,11 +30,11 @@ jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_compilation_cache_dir", os.environ["JAXSWE_TEST_CACHE"])
 assert jax.device_count() == 8 and jax.process_count() == num_processes
 
-# One request per batch, one episode at a time: the embedded sampler's draws do not depend on
-# how concurrent requests happen to batch, so both process counts sample the same tokens.
+# Requests carry per-request sampling seeds (rows keyed by seed and position), so both process
+# counts sample the same tokens with the default batching. Seed 1: a DAPO step is taken in both RL
+# iterations (the test asserts steps were taken; at seed 0 no group is informative).
 cfg = toy_config(
-    rollout={"max_batch": 1},
-    env={"max_parallel": 1},
+    seed=1,
     rft={"samples_per_task": 1},
     rl={
         "iterations": 2,

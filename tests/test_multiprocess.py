@@ -214,10 +214,11 @@ def _start_toy_rl(run_dir: Path, n: int, cache: Path) -> list[subprocess.Popen]:
     ]  # fmt: skip
 
 
-# Episodes one at a time, one request per decode batch: the embedded sampler's draws then do not
-# depend on how concurrent requests happen to batch (until each request carries its own seed), so
-# both runs sample the same tokens. 10 iterations: success goes from ~0.02 to ~0.35-0.4.
-TOY_RL_SETS = ["rl.iterations=10", "rollout.max_batch=1", "env.max_parallel=1"]
+# Every request carries its own sampling seed and the embedded sampler keys each row by (seed,
+# position), so the draws do not depend on how concurrent requests happen to batch: both runs
+# sample the same tokens with the config's own batching. 10 iterations: success goes from ~0.02
+# to ~0.35-0.4.
+TOY_RL_SETS = ["rl.iterations=10"]
 
 
 @pytest.mark.timeout(1800)
@@ -235,7 +236,11 @@ def test_toy_rl_two_processes_learn_like_one(tmp_path):
     rates = [r["pass_rate"] for r in one]
     assert len(rates) == 10 and rates[0] <= 0.1 and np.mean(rates[-3:]) >= 0.3, rates  # it learns
     assert [r["pass_rate"] for r in two] == rates
-    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-4, abs=1e-5)
+    trained = [r["optimizer_steps"] > 0 for r in one]
+    assert [r["optimizer_steps"] > 0 for r in two] == trained and any(trained)
+    assert [r["loss"] for r in two if "loss" in r] == pytest.approx(
+        [r["loss"] for r in one if "loss" in r], rel=1e-4, abs=1e-5
+    )
     cfg = load_config(ROOT / "configs" / "toy-rl.yaml", TOY_RL_SETS)
     final = [jax.tree.leaves(policy_from_checkpoint(cfg, runs[n]).params) for n in (1, 2)]
     for a, b in zip(*final, strict=True):

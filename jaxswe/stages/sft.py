@@ -60,7 +60,7 @@ def run_sft(
         rows_per_step = max(rows_per_step, batch.num_rows)
         arrays = pad_rows(batch.arrays, rows_per_step)
         out = trainer.sft_update(arrays)
-        out["tokens_trained"] = float(arrays["loss_mask"].sum())
+        out["tokens_trained"] = float(arrays.loss_mask.sum())
         metrics.log(step + 1, out)
         rows.append(out)
         every = sft.checkpoint_every

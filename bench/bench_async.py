@@ -116,7 +116,7 @@ def learning(args) -> None:
         for seed in args.seeds:
             need = {}
             for k in (0, 1):
-                sets = [f"seed={seed}", f"rl.iterations={args.iterations}", f"rl.max_staleness={k}"]
+                sets = [f"seed={seed}", f"rl.iterations={args.iterations}", f"rl.max_staleness={k}", *args.set]
                 rows = run(Path(tmp) / f"s{seed}k{k}", sets)
                 need[k] = samples_to(rows, 0.8)
                 rates = [round(r["pass_rate"], 2) for r in rows]
@@ -141,6 +141,7 @@ def main() -> None:
     lr = sub.add_parser("learning")
     lr.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     lr.add_argument("--iterations", type=int, default=30)
+    lr.add_argument("--set", action="append", default=[], help="a config override for every run")
     args = parser.parse_args()
     throughput(args) if args.what == "throughput" else learning(args)
 

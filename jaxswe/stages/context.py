@@ -49,7 +49,7 @@ class StageContext:
 
     @property
     def sampling(self) -> SamplingParams:
-        """Training-time sampling (RFT samples, RL rollouts): the rollout section's settings."""
+        """The rollout section's sampling (RFT samples, RL rollouts; eval sets its temperature)."""
         r = self.cfg.rollout
         return SamplingParams(
             temperature=r.temperature,

@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from jaxswe.config import RunConfig
 from jaxswe.distributed import is_main
-from jaxswe.rollout.types import SamplingParams, derive_seed
+from jaxswe.rollout.types import derive_seed
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.plots import plot_eval
 from jaxswe.stages.episodes import Episode, save_episodes
@@ -18,17 +17,6 @@ from jaxswe.stages.stage_io import write_json
 
 if TYPE_CHECKING:  # the context module imports this one
     from jaxswe.stages.context import StageContext
-
-
-def eval_sampling(cfg: RunConfig) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(
-        temperature=cfg.eval.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        min_p=r.min_p,
-        max_new_tokens=r.max_new_tokens,
-    )
 
 
 def report_from_episodes(episodes: list[Episode], ks: list[int]) -> dict[str, Any]:
@@ -55,7 +43,9 @@ async def evaluate(
         ctx.make_env,
         ctx.backend.engine,
         ctx.tokenizer,
-        replace(eval_sampling(cfg), sampling_seed=derive_seed(cfg.seed, "eval", name)),
+        replace(
+            ctx.sampling, temperature=cfg.eval.temperature, sampling_seed=derive_seed(cfg.seed, "eval", name)
+        ),
         cfg.agent,
         concurrency=cfg.env.max_parallel,
     )

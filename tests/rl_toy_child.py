@@ -23,7 +23,8 @@ from rl_toy_helpers import toy_config, toy_env_factory, toy_policy  # noqa: E402
 from jaxswe.rollout.engine import EmbeddedEngine  # noqa: E402
 from jaxswe.rollout.sampler import Sampler  # noqa: E402
 from jaxswe.run import checkpoint as ckpt_mod  # noqa: E402
-from jaxswe.stages.rl import RLSetup, run_rl  # noqa: E402
+from jaxswe.stages.context import StageContext  # noqa: E402
+from jaxswe.stages.rl import run_rl  # noqa: E402
 from jaxswe.stages.rollouts import EmbeddedBackend  # noqa: E402
 from jaxswe.stages.trainer import Trainer  # noqa: E402
 
@@ -48,16 +49,19 @@ def main() -> None:
     sampler = Sampler(
         policy.model_cfg, policy.params, max_context=128, min_batch_bucket=64, min_prompt_bucket=128
     )
-    setup = RLSetup(
+    ids = [f"toy-{i}" for i in range(8)]
+    ctx = StageContext(
         cfg=cfg,
         stage_dir=run_dir,
-        trainer=Trainer(policy.model_cfg, policy.params, cfg.optimizer),
-        backend=EmbeddedBackend(EmbeddedEngine(sampler, max_batch=64), policy.model_cfg),
+        policy=policy,
         tokenizer=tok,
+        task_ids=ids,
+        eval_ids=ids,
         make_env=toy_env_factory(0, 2),
-        pool=[f"toy-{i}" for i in range(8)],
+        backend=EmbeddedBackend(EmbeddedEngine(sampler, max_batch=64), policy.model_cfg),
+        trainer=Trainer(policy.model_cfg, policy.params, cfg.optimizer),
     )
-    run_rl(setup, resume=resume)
+    run_rl(ctx, resume=resume)
 
 
 if __name__ == "__main__":

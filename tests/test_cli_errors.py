@@ -53,15 +53,14 @@ def test_bad_input_one_line(tmp_path, config, capsys, command, overrides, expect
 
 def test_rl_refuses_existing_checkpoints_without_resume(tmp_path, capsys):
     from jaxswe.config import config_from_dict
-    from jaxswe.stages.rl import RLSetup, run_rl
+    from jaxswe.stages.context import StageContext
+    from jaxswe.stages.rl import run_rl
 
     (tmp_path / "checkpoints" / "1").mkdir(parents=True)
     (tmp_path / "checkpoints" / "1" / "_CHECKPOINT_METADATA").write_text(json.dumps({}))
-    setup = RLSetup(
-        config_from_dict({}), tmp_path, trainer=None, backend=None, tokenizer=None, make_env=None, pool=[]
-    )
+    ctx = StageContext(config_from_dict({}), tmp_path, None, None, [], [], None)
     with pytest.raises(Exception, match="--resume"):
-        run_rl(setup, resume=False)
+        run_rl(ctx, resume=False)
 
 
 def test_turn_penalty_threshold_checked_before_work(tmp_path, config, capsys):

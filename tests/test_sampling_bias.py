@@ -22,7 +22,7 @@ from jaxswe.rollout.sampler import Sampler
 from jaxswe.rollout.server import RolloutServer
 from jaxswe.rollout.weights import load_model
 from jaxswe.run.metrics import read_rows
-from jaxswe.stages.rl import RLSetup, run_rl
+from jaxswe.stages.rl import run_rl
 from jaxswe.stages.runtime import make_backend
 from jaxswe.stages.trainer import Trainer
 
@@ -134,9 +134,9 @@ def _rl(tmp_path, name, policy, tok, server, iterations):
         rl={"iterations": iterations, "problems_per_iteration": 4, "group_size": 4, "rows_per_step": 8},
     )
     ctx = toy_context(cfg, tmp_path / name, policy, tok, NV)
-    trainer = Trainer(policy.model_cfg, policy.params, cfg.optimizer)
-    setup = RLSetup(cfg, ctx.stage_dir, trainer, make_backend(cfg, policy), tok, ctx.make_env, ctx.task_ids)
-    return setup, lambda: run_rl(setup, resume=False)
+    ctx.trainer = Trainer(policy.model_cfg, policy.params, cfg.optimizer)
+    ctx.backend = make_backend(cfg, policy)
+    return ctx, lambda: run_rl(ctx, resume=False)
 
 
 @pytest.mark.slow
@@ -144,17 +144,17 @@ def test_server_side_top_k_stops_rl_in_its_first_iteration(tmp_path, capsys):
     policy, tok = _peaked_policy(tmp_path)
     server = ServerThread(ServerSideTopK, policy, tmp_path / "served")
     try:
-        setup, run = _rl(tmp_path, "biased", policy, tok, server, iterations=3)
-        before = jax.device_get(setup.trainer.params)
+        ctx, run = _rl(tmp_path, "biased", policy, tok, server, iterations=3)
+        before = jax.device_get(ctx.trainer.params)
         with pytest.raises(BiasedSamplingDetected, match="rl iteration 1: BIASED SAMPLING") as info:
             run()
     finally:
         server.stop()
-    after = jax.device_get(setup.trainer.params)
+    after = jax.device_get(ctx.trainer.params)
     assert all(
         np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True)
     )
-    assert not (setup.stage_dir / "checkpoints" / "1").exists()
+    assert not (ctx.stage_dir / "checkpoints" / "1").exists()
     with capsys.disabled():
         print(f"\n{info.value}")
     gap_kl = float(str(info.value).split("log-prob gap KL is ")[1].split(",")[0])

@@ -1,4 +1,5 @@
-"""What every stage opens before it works: stage dir, policy, tokenizer, tasks, rollout backend."""
+"""The one run context every stage (warmstart, rft, rl, eval) runs with, and opening/closing it:
+stage dir, starting policy, tokenizer, tasks, environments, rollout backend, RL's trainer."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from jaxswe.config import RunConfig
 from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
+from jaxswe.rollout.types import SamplingParams
 from jaxswe.run.plots import plot_metrics
 from jaxswe.stages.evaluate import run_eval_stage
 from jaxswe.stages.rollouts import Backend, EnvFactory, run_phase
@@ -26,18 +28,36 @@ from jaxswe.stages.runtime import (
 )
 from jaxswe.stages.stage_io import prepare_stage_dir, write_json
 from jaxswe.stages.toy import is_toy, toy_policy, toy_tasks
+from jaxswe.stages.trainer import Trainer
 
 
 @dataclass
 class StageContext:
+    """What a stage reads while it runs. `backend` opens on first use (`ensure_backend`);
+    `trainer` is RL's (run_rl_stage sets it; the SFT stages keep theirs local, so its optimizer
+    state is freed before the final eval)."""
+
     cfg: RunConfig
     stage_dir: Path
-    policy: Policy
+    policy: Policy  # the model the stage starts from
     tokenizer: Any
-    task_ids: list[str]
+    task_ids: list[str]  # the tasks it trains on (RL: after rl.task_filter)
     eval_ids: list[str]
     make_env: EnvFactory
     backend: Backend | None = None
+    trainer: Trainer | None = None
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """The rollout section's sampling (RFT samples, RL rollouts; eval sets its temperature)."""
+        r = self.cfg.rollout
+        return SamplingParams(
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            min_p=r.min_p,
+            max_new_tokens=r.max_new_tokens,
+        )
 
 
 def check_settings(cfg: RunConfig) -> None:
@@ -142,10 +162,8 @@ def ensure_backend(ctx: StageContext, params: Any | None = None) -> Backend:
 def finish_stage(ctx: StageContext, summary: dict[str, Any], params: Any | None = None) -> dict[str, Any]:
     """Optional eval of the final weights, plots, summary.json; closes the backend."""
     if ctx.cfg.eval.after_stage and summary.get("name") != "eval":
-        backend = ensure_backend(ctx, params)
-        report = run_eval_stage(
-            ctx.cfg, ctx.stage_dir, backend, ctx.tokenizer, ctx.make_env, ctx.eval_ids, name="final_eval"
-        )
+        ensure_backend(ctx, params)
+        report = run_eval_stage(ctx, name="final_eval")
         summary["pass_at_1"] = report["pass_at_1"]
         summary["pass_at_1_ci95"] = report["pass_at_1_ci95"]
     metrics = ctx.stage_dir / "metrics.jsonl"

@@ -4,30 +4,19 @@ ended, mean turns, a per-task table; written to the stage dir."""
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jaxswe.config import RunConfig
 from jaxswe.distributed import is_main
-from jaxswe.rollout.types import SamplingParams, derive_seed
+from jaxswe.rollout.types import derive_seed
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.plots import plot_eval
 from jaxswe.stages.episodes import Episode, save_episodes
 from jaxswe.stages.eval_stats import format_table, summarize
-from jaxswe.stages.rollouts import Backend, EnvFactory, collect_episodes, run_phase
+from jaxswe.stages.rollouts import collect_episodes, run_phase
 from jaxswe.stages.stage_io import write_json
 
-
-def eval_sampling(cfg: RunConfig, stop_token_ids: tuple[int, ...] = ()) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(
-        temperature=cfg.eval.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        min_p=r.min_p,
-        max_new_tokens=r.max_new_tokens,
-        stop_token_ids=stop_token_ids,
-    )
+if TYPE_CHECKING:  # the context module imports this one
+    from jaxswe.stages.context import StageContext
 
 
 def report_from_episodes(episodes: list[Episode], ks: list[int]) -> dict[str, Any]:
@@ -42,24 +31,21 @@ def report_from_episodes(episodes: list[Episode], ks: list[int]) -> dict[str, An
 
 
 async def evaluate(
-    cfg: RunConfig,
-    backend: Backend,
-    tokenizer: Any,
-    make_env: EnvFactory,
-    task_ids: list[str],
-    samples: int,
-    name: str = "eval",
+    ctx: StageContext, samples: int, name: str = "eval"
 ) -> tuple[dict[str, Any], list[Episode]]:
-    """`samples` episodes per task, seeded by (run seed, `name`): every stage's `final_eval` uses
-    the same seeds, so stage-vs-stage comparisons share their random numbers; the eval stage
-    draws its own."""
-    ids = [t for t in task_ids for _ in range(samples)]
+    """`samples` episodes per eval task on the stage's backend, seeded by (run seed, `name`):
+    every stage's `final_eval` uses the same seeds, so stage-vs-stage comparisons share their
+    random numbers; the eval stage draws its own."""
+    cfg = ctx.cfg
+    ids = [t for t in ctx.eval_ids for _ in range(samples)]
     episodes, secs = await collect_episodes(
         ids,
-        make_env,
-        backend.engine,
-        tokenizer,
-        replace(eval_sampling(cfg), sampling_seed=derive_seed(cfg.seed, "eval", name)),
+        ctx.make_env,
+        ctx.backend.engine,
+        ctx.tokenizer,
+        replace(
+            ctx.sampling, temperature=cfg.eval.temperature, sampling_seed=derive_seed(cfg.seed, "eval", name)
+        ),
         cfg.agent,
         concurrency=cfg.env.max_parallel,
     )
@@ -68,22 +54,12 @@ async def evaluate(
     return report, episodes
 
 
-def run_eval_stage(
-    cfg: RunConfig,
-    stage_dir: Path,
-    backend: Backend,
-    tokenizer: Any,
-    make_env: EnvFactory,
-    task_ids: list[str],
-    *,
-    samples: int | None = None,
-    name: str = "eval",
-) -> dict[str, Any]:
-    """Evaluate, write eval.json, trajectories, a metrics row and a plot; return the report."""
+def run_eval_stage(ctx: StageContext, *, samples: int | None = None, name: str = "eval") -> dict[str, Any]:
+    """Evaluate the policy `ctx.backend` serves on `ctx.eval_ids`; write eval.json,
+    trajectories, a metrics row and a plot; return the report."""
+    cfg, stage_dir = ctx.cfg, ctx.stage_dir
     samples = samples or cfg.eval.samples_per_task
-    report, episodes = run_phase(
-        backend, evaluate(cfg, backend, tokenizer, make_env, task_ids, samples, name)
-    )
+    report, episodes = run_phase(ctx.backend, evaluate(ctx, samples, name))
     save_episodes(stage_dir / "trajectories" / f"{name}.jsonl", episodes)
     write_json(stage_dir / f"{name}.json", report)
     metrics = MetricsLogger(stage_dir / name if name != "eval" else stage_dir)

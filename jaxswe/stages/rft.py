@@ -28,7 +28,6 @@ from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.stages.context import StageContext, ensure_backend
 from jaxswe.stages.episodes import Episode
-from jaxswe.stages.rl import rl_sampling
 from jaxswe.stages.rollouts import collect_episodes, run_phase
 from jaxswe.stages.runtime import Policy
 from jaxswe.stages.sft import num_sft_steps, run_sft
@@ -100,7 +99,7 @@ def collect_samples(ctx: StageContext, path: Path) -> list[Episode]:
                     ctx.make_env,
                     backend.engine,
                     ctx.tokenizer,
-                    replace(rl_sampling(cfg, ()), sampling_seed=derive_seed(cfg.seed, "rft")),
+                    replace(ctx.sampling, sampling_seed=derive_seed(cfg.seed, "rft")),
                     cfg.agent,
                     concurrency=cfg.env.max_parallel,
                     on_done=stream,

@@ -23,7 +23,6 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,42 +34,27 @@ from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
 from jaxswe.rollout.bias import BiasAlarm, sampling_bias
 from jaxswe.rollout.client import logprob_gap
-from jaxswe.rollout.types import SamplingParams, derive_seed
+from jaxswe.rollout.types import derive_seed
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger, read_rows
 from jaxswe.run.plots import plot_metrics
+from jaxswe.stages.context import StageContext
 from jaxswe.stages.episodes import Episode, save_episodes
 from jaxswe.stages.rl_math import GroupResult, advantage_stats, compute_group_advantages, shaped_rewards
-from jaxswe.stages.rollouts import Backend, EnvFactory, collect_episodes, run_phase
+from jaxswe.stages.rollouts import collect_episodes, run_phase
+from jaxswe.stages.runtime import Policy
 from jaxswe.stages.stage_io import write_json
 from jaxswe.stages.task_pool import DataOrder, History, next_problems, record_outcomes
 from jaxswe.stages.trainer import Trainer
 
 
-@dataclass
-class RLSetup:
-    """The run context of one RL stage: everything an iteration reads."""
-
-    cfg: RunConfig
-    stage_dir: Path
-    trainer: Trainer
-    backend: Backend
-    tokenizer: Any
-    make_env: EnvFactory
-    pool: list[str]
-    stop_token_ids: tuple[int, ...] = ()
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return rl_sampling(self.cfg, self.stop_token_ids)
-
-
-def rl_trainer(cfg: RunConfig, model_cfg: Any, params: Any) -> Trainer:
-    """The Trainer of an RL stage: DAPO's clip range, entropy bonus and off-policy correction."""
+def rl_trainer(cfg: RunConfig, policy: Policy) -> Trainer:
+    """The Trainer of an RL stage from its starting policy: DAPO's clip range, entropy bonus and
+    off-policy correction."""
     rl = cfg.rl
     return Trainer(
-        model_cfg,
-        params,
+        policy.model_cfg,
+        policy.params,
         cfg.optimizer,
         eps_low=rl.eps_low,
         eps_high=rl.eps_high,
@@ -79,18 +63,6 @@ def rl_trainer(cfg: RunConfig, model_cfg: Any, params: Any) -> Trainer:
         sequence_mask=rl.sequence_mask,
         mask_threshold=rl.mask_threshold,
         mesh_cfg=cfg.mesh,
-    )
-
-
-def rl_sampling(cfg: RunConfig, stop_token_ids: tuple[int, ...]) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        min_p=r.min_p,
-        max_new_tokens=r.max_new_tokens,
-        stop_token_ids=stop_token_ids,
     )
 
 
@@ -128,19 +100,19 @@ def first_kept(kept: list[bool], limit: int) -> list[bool]:
     return [i in first for i in range(len(kept))]
 
 
-async def collect_sync(setup: RLSetup, order: DataOrder, step: int) -> tuple[Collected, DataOrder]:
+async def collect_sync(ctx: StageContext, order: DataOrder, step: int) -> tuple[Collected, DataOrder]:
     """The synchronous collection: P x G episodes at once, resampled (rl.resample_to_fill) until
     P groups are informative or the rounds run out."""
-    cfg, rl = setup.cfg, setup.cfg.rl
-    problems, order = next_problems(setup.pool, rl.problems_per_iteration, order, cfg.seed)
+    cfg, rl = ctx.cfg, ctx.cfg.rl
+    problems, order = next_problems(ctx.task_ids, rl.problems_per_iteration, order, cfg.seed)
     groups, rewards, timings, rounds = [], [], Counter(), 0
     while True:
         eps, secs = await collect_episodes(
             [t for t in problems for _ in range(rl.group_size)],
-            setup.make_env,
-            setup.backend.engine,
-            setup.tokenizer,
-            replace(setup.sampling, sampling_seed=derive_seed(cfg.seed, "rl", step, rounds)),
+            ctx.make_env,
+            ctx.backend.engine,
+            ctx.tokenizer,
+            replace(ctx.sampling, sampling_seed=derive_seed(cfg.seed, "rl", step, rounds)),
             cfg.agent,
             concurrency=cfg.env.max_parallel,
         )
@@ -154,7 +126,7 @@ async def collect_sync(setup: RLSetup, order: DataOrder, step: int) -> tuple[Col
         if not rl.resample_to_fill or missing <= 0 or rounds >= rl.max_resample_rounds:
             break
         rounds += 1
-        problems, order = next_problems(setup.pool, missing, order, cfg.seed)
+        problems, order = next_problems(ctx.task_ids, missing, order, cfg.seed)
     kept = first_kept(list(result.kept), rl.problems_per_iteration)
     return Collected(groups, rewards, result, kept, rounds, timings), order
 
@@ -265,12 +237,12 @@ def update(trainer: Trainer, steps: list[TokenBatch], dists: list[Dist]) -> dict
     return out
 
 
-def train_on(setup: RLSetup, c: Collected, step: int) -> dict[str, Any]:
+def train_on(ctx: StageContext, c: Collected, step: int) -> dict[str, Any]:
     """pack -> recompute -> check sampling (over all scored trajectories, before any update: a
     stop leaves the weights untouched) -> update; returns the training metrics."""
-    rl, trainer = setup.cfg.rl, setup.trainer
+    rl, trainer = ctx.cfg.rl, ctx.trainer
     seqs, dropped = training_sequences(c)
-    rng = np.random.default_rng([setup.cfg.seed, step])
+    rng = np.random.default_rng([ctx.cfg.seed, step])
     steps, truncated = minibatches(seqs, rl, trainer.rows_multiple, rng) if seqs else ([], 0)
     steps, dists = recompute(trainer, steps)
     # a server that truncates must be caught even in an iteration where no group is informative
@@ -302,20 +274,20 @@ def _episode_stats(episodes: list[Episode]) -> dict[str, float]:
     }
 
 
-async def _iteration(setup: RLSetup, collect: Any, order: DataOrder, history: History, step: int):
+async def _iteration(ctx: StageContext, collect: Any, order: DataOrder, history: History, step: int):
     """RL iteration `step` (1-based), top to bottom; returns (metrics row, new order, new history,
     episodes, their per-episode extras). `collect(order, step)` -> (Collected, order) gathers the
     judged groups (collect_sync, or a RolloutPump's take)."""
     t_iter = time.perf_counter()
     c, order = await collect(order, step)  # collect -> grade -> rewards -> advantages
     t0 = time.perf_counter()
-    if setup.cfg.rl.max_staleness:  # rollouts keep running while the trainer works
-        train = await asyncio.to_thread(train_on, setup, c, step)
+    if ctx.cfg.rl.max_staleness:  # rollouts keep running while the trainer works
+        train = await asyncio.to_thread(train_on, ctx, c, step)
     else:
-        train = train_on(setup, c, step)  # pack -> recompute -> update
+        train = train_on(ctx, c, step)  # pack -> recompute -> update
     c.timings["time_train_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    await setup.backend.sync_weights(setup.trainer.params, setup.stage_dir / "weights", version=step)
+    await ctx.backend.sync_weights(ctx.trainer.params, ctx.stage_dir / "weights", version=step)
     c.timings["time_weight_sync_s"] = time.perf_counter() - t0
     history = record_outcomes(
         history, [(g[0].task_id, [e.resolved for e in g if e.infra_error is None]) for g in c.groups]
@@ -346,13 +318,13 @@ async def _iteration(setup: RLSetup, collect: Any, order: DataOrder, history: Hi
     return row, order, history, all_eps, extras
 
 
-def run_rl(setup: RLSetup, *, resume: bool, history: History | None = None) -> dict[str, Any]:
+def run_rl(ctx: StageContext, *, resume: bool, history: History | None = None) -> dict[str, Any]:
     """Run (or resume) the configured number of iterations; return the stage summary.
 
     Resume is exact for max_staleness 0. With k > 0 the episodes in flight when the checkpoint was
     written are lost: the resumed run starts new episodes under the restored weights, and the
     problems drawn for the lost ones are not drawn again before the epoch ends."""
-    cfg, stage_dir = setup.cfg, setup.stage_dir
+    cfg, stage_dir = ctx.cfg, ctx.stage_dir
     ckpts = Checkpoints(stage_dir / "checkpoints", max_to_keep=2)
     history = dict(history or {})
     order = DataOrder()
@@ -361,10 +333,10 @@ def run_rl(setup: RLSetup, *, resume: bool, history: History | None = None) -> d
     if ckpts.steps() and not resume:
         raise UserError(f"{stage_dir}: holds RL checkpoints already; pass --resume or use a new --run-dir")
     if resume:
-        restored = ckpts.restore_latest(setup.trainer.state())
+        restored = ckpts.restore_latest(ctx.trainer.state())
         if restored is not None:
             start, items, meta = restored
-            setup.trainer.load_state(items)
+            ctx.trainer.load_state(items)
             history = {k: list(v) for k, v in meta["history"].items()}
             order = DataOrder.from_json(meta["data_order"])
             last_row = meta.get("metrics_row")
@@ -376,19 +348,19 @@ def run_rl(setup: RLSetup, *, resume: bool, history: History | None = None) -> d
     async def loop() -> None:
         nonlocal order, history
         if start > 0:
-            await setup.backend.sync_weights(setup.trainer.params, stage_dir / "weights", version=start)
+            await ctx.backend.sync_weights(ctx.trainer.params, stage_dir / "weights", version=start)
         pump = None
-        collect = lambda order, step: collect_sync(setup, order, step)
+        collect = lambda order, step: collect_sync(ctx, order, step)
         if cfg.rl.max_staleness:
             from jaxswe.stages.rl_async import RolloutPump
 
-            pump = RolloutPump(setup, order)
+            pump = RolloutPump(ctx, order)
             collect = pump.take
         bar = tqdm(range(start, cfg.rl.iterations), desc="rl", initial=start, total=cfg.rl.iterations)
         try:
             for it in bar:
                 step = it + 1
-                row, order, history, eps, extras = await _iteration(setup, collect, order, history, step)
+                row, order, history, eps, extras = await _iteration(ctx, collect, order, history, step)
                 save_episodes(stage_dir / "trajectories" / f"iter_{step:04d}.jsonl", eps, extras)
                 meta = {
                     "iteration": step,
@@ -398,7 +370,7 @@ def run_rl(setup: RLSetup, *, resume: bool, history: History | None = None) -> d
                     "history": history,
                     "metrics_row": row,
                 }
-                ckpts.save(step, setup.trainer.state(), meta)
+                ckpts.save(step, ctx.trainer.state(), meta)
                 write_json(stage_dir / "history.json", history)
                 metrics.log(step, row)
                 bar.set_postfix(reward=f"{row['reward_mean']:.2f}", passed=f"{row['pass_rate']:.2f}")
@@ -406,7 +378,7 @@ def run_rl(setup: RLSetup, *, resume: bool, history: History | None = None) -> d
             if pump is not None:
                 await pump.stop()
 
-    run_phase(setup.backend, loop())
+    run_phase(ctx.backend, loop())
     metrics.close()
     ckpts.close()
     if is_main():

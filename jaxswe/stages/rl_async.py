@@ -33,8 +33,9 @@ import numpy as np
 
 from jaxswe.errors import UserError
 from jaxswe.rollout.types import derive_seed
+from jaxswe.stages.context import StageContext
 from jaxswe.stages.episodes import Episode
-from jaxswe.stages.rl import Collected, RLSetup, first_kept, group_rewards, judge
+from jaxswe.stages.rl import Collected, first_kept, group_rewards, judge
 from jaxswe.stages.rollouts import collect_episodes
 from jaxswe.stages.task_pool import DataOrder, next_problems
 
@@ -77,7 +78,7 @@ def staleness_stats(groups: list[list[Episode]], kept: list[bool], version: int,
 class RolloutPump:
     """Groups of episodes kept in flight continuously; `take` is the async loop's `collect`."""
 
-    def __init__(self, setup: RLSetup, order: DataOrder):
+    def __init__(self, setup: StageContext, order: DataOrder):
         import jax
 
         if jax.process_count() > 1:
@@ -98,7 +99,7 @@ class RolloutPump:
         while self.outstanding < self.capacity:
             # the seed follows the data order's state, so a group's samples never depend on timing
             seed = derive_seed(cfg.seed, "rl-async", self.order.to_json())
-            (problem,), self.order = next_problems(self.setup.pool, 1, self.order, cfg.seed)
+            (problem,), self.order = next_problems(self.setup.task_ids, 1, self.order, cfg.seed)
             self.outstanding += 1
             task = asyncio.get_running_loop().create_task(self._run_group(problem, seed))
             self.tasks.add(task)

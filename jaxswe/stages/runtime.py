@@ -23,7 +23,8 @@ MODEL_FILE = "model.json"  # in every stage dir: the model's HF config and its t
 
 @dataclass
 class Policy:
-    """The model a stage starts from."""
+    """A model as stages hand it on: its config (at the stage's context and RoPE), weights and
+    tokenizer dir; what a stage starts from and what a stage checkpoint restores to."""
 
     model_cfg: Any
     params: Any

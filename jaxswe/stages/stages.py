@@ -15,7 +15,7 @@ from jaxswe.stages.context import StageContext, check_inputs, ensure_backend, fi
 from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference
 from jaxswe.stages.evaluate import run_eval_stage
 from jaxswe.stages.rft import run_rft
-from jaxswe.stages.rl import RLSetup, rl_trainer, run_rl
+from jaxswe.stages.rl import rl_trainer, run_rl
 from jaxswe.stages.runtime import env_factory
 from jaxswe.stages.stage_io import load_history, read_json, write_json
 from jaxswe.stages.task_pool import filter_by_history
@@ -30,8 +30,8 @@ def history_source(cfg: RunConfig, init_from: str | None) -> str | None:
 
 
 def run_rl_stage(ctx: StageContext, *, history_from: str | None, resume: bool) -> dict[str, Any]:
-    """RL in an opened stage; with rl.task_filter, the pool is filtered by the saved history."""
-    cfg, rl, stage_dir = ctx.cfg, ctx.cfg.rl, ctx.stage_dir
+    """RL in an opened stage; with rl.task_filter, its tasks are filtered by the saved history."""
+    rl, stage_dir = ctx.cfg.rl, ctx.stage_dir
     pool, counts = list(ctx.task_ids), None
     if rl.task_filter == "solved_fraction":
         if not history_from:
@@ -49,17 +49,10 @@ def run_rl_stage(ctx: StageContext, *, history_from: str | None, resume: bool) -
         write_json(stage_dir / "task_filter.json", {**counts, "source": str(history_from), "pool": pool})
         if not pool:
             raise UserError(f"the task filter from {history_from} leaves no task to train on")
-    setup = RLSetup(
-        cfg=cfg,
-        stage_dir=stage_dir,
-        trainer=rl_trainer(cfg, ctx.policy.model_cfg, ctx.policy.params),
-        backend=ensure_backend(ctx),
-        tokenizer=ctx.tokenizer,
-        make_env=ctx.make_env,
-        pool=pool,
-        stop_token_ids=(),
-    )
-    summary = run_rl(setup, resume=resume)
+    ctx.task_ids = pool
+    ctx.trainer = rl_trainer(ctx.cfg, ctx.policy)
+    ensure_backend(ctx)
+    summary = run_rl(ctx, resume=resume)
     if counts is not None:
         summary["task_filter"] = counts
     return finish_stage(ctx, summary)
@@ -123,9 +116,8 @@ def _run_stage(
     if name == "eval":
         ctx = open_stage(cfg, stage_dir, init_from=init_from)
         _banner(name, stage_dir, init_from)
-        report = run_eval_stage(
-            cfg, stage_dir, ensure_backend(ctx), ctx.tokenizer, ctx.make_env, ctx.eval_ids
-        )
+        ensure_backend(ctx)
+        report = run_eval_stage(ctx)
         keys = ("pass_at_1", "pass_at_1_ci95", "num_tasks", "num_episodes", "ended_by", "mean_turns")
         summary = {"name": "eval", **{k: report[k] for k in keys}}
         summary.update({k: v for k, v in report.items() if k.startswith("pass_at_")})

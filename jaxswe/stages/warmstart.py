@@ -19,7 +19,7 @@ from jaxswe.errors import UserError
 from jaxswe.rollout.types import Generation, SamplingParams
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger
-from jaxswe.stages.context import check_inputs
+from jaxswe.stages.context import StageContext, check_inputs
 from jaxswe.stages.episodes import Episode, from_trajectory, save_episodes
 from jaxswe.stages.runtime import Policy, model_knobs, stage_model
 from jaxswe.stages.sft import run_sft
@@ -118,12 +118,12 @@ def build_policy(cfg: RunConfig, stage_dir: Path, tasks: list[Any], make_env: An
     return Policy(model_cfg, init_sharded(model_cfg, cfg.model.seed, cfg), tok_dir)
 
 
-def run_warmstart(ctx: Any, *, resume: bool) -> tuple[dict[str, Any], Any]:
+def run_warmstart(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], Any]:
     """SFT on demonstrations; returns the stage summary and the trained params."""
     cfg, stage_dir = ctx.cfg, ctx.stage_dir
     ws = cfg.warmstart
     opt = cfg.optimizer.model_copy(update={"lr": ws.lr, "schedule": "constant", "warmup_steps": 0})
-    trainer = Trainer(ctx.policy.model_cfg, ctx.policy.params, opt, mesh_cfg=ctx.cfg.mesh)
+    trainer = Trainer(ctx.policy.model_cfg, ctx.policy.params, opt, mesh_cfg=cfg.mesh)
     ckpts = Checkpoints(stage_dir / "checkpoints", max_to_keep=1)
     if resume:
         restored = ckpts.restore_latest(trainer.state())

@@ -53,6 +53,7 @@ def run_rl_stage(ctx: StageContext, *, history_from: str | None, resume: bool) -
     ctx.trainer = rl_trainer(ctx.cfg, ctx.policy)
     ensure_backend(ctx)
     summary = run_rl(ctx, resume=resume)
+    ctx.trainer = None  # the backend serves the trained weights: free the optimizer state before eval
     if counts is not None:
         summary["task_filter"] = counts
     return finish_stage(ctx, summary)

@@ -18,12 +18,11 @@ import yaml
 from aiohttp import web
 from test_rl_http import _free_port, _wait_healthy
 
-from jaxswe.cli import main
 from jaxswe.config import config_from_dict
 from jaxswe.rollout.client import RolloutClient, RolloutError
 
 ROOT = Path(__file__).parent.parent
-ITERATIONS = 3
+ITERATIONS = 4
 
 
 def _toy_http_config(url: str) -> dict:
@@ -80,7 +79,23 @@ def test_async_rl_over_http_pauses_in_flight_episodes_at_each_sync(tmp_path):
         _wait_healthy(url, server)
         (tmp_path / "rl.yaml").write_text(yaml.safe_dump(cfg))
         run_dir = tmp_path / "run"
-        main(["rl", "--config", str(tmp_path / "rl.yaml"), "--run-dir", str(run_dir)])
+        rl = subprocess.run(  # the CLI on one CPU device, as a user runs it
+            [
+                sys.executable,
+                "-m",
+                "jaxswe",
+                "rl",
+                "--config",
+                str(tmp_path / "rl.yaml"),
+                "--run-dir",
+                str(run_dir),
+            ],
+            env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert rl.returncode == 0, rl.stderr[-3000:]
         with urllib.request.urlopen(url + "/get_weight_version", timeout=10) as r:
             served = json.loads(r.read())["weight_version"]
     finally:

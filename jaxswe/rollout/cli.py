@@ -64,6 +64,7 @@ def serve(
     server_log = logging.getLogger("jaxswe.rollout.server")
     server_log.addHandler(handler)
     server_log.setLevel(logging.INFO)
+    server_log.propagate = False  # once, whatever handlers the root logger has
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve_forever(engine, host, port))
 

@@ -50,6 +50,7 @@ def _starting_model(cfg: dict, out: Path) -> None:
     save_hf(out / "model", policy.model_cfg, policy.params, dtype="float32")
 
 
+@pytest.mark.slow
 def test_async_rl_over_http_pauses_in_flight_episodes_at_each_sync(tmp_path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"

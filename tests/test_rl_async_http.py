@@ -23,6 +23,7 @@ from jaxswe.rollout.client import RolloutClient, RolloutError
 
 ROOT = Path(__file__).parent.parent
 ITERATIONS = 4
+ONE_DEVICE = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # not conftest's 8
 
 
 def _toy_http_config(url: str) -> dict:
@@ -52,46 +53,30 @@ def _starting_model(cfg: dict, out: Path) -> None:
 
 @pytest.mark.slow
 def test_async_rl_over_http_pauses_in_flight_episodes_at_each_sync(tmp_path):
+    """4 iterations of `jaxswe rl` (toy game, k = 1, 4 x 4 episodes) against `jaxswe serve`: rows
+    carry staleness, some trained tokens are one version old and none older, episodes span two
+    versions, every sync paused (some with requests in flight), loaded and continued the server,
+    which ends on the last version. ~60 s on 2 cores."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     cfg = _toy_http_config(url)
     _starting_model(cfg, tmp_path)
+    serve = ["serve", "--model", str(tmp_path / "model"), "--port", str(port), "--max-context", "128"]
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jaxswe",
-            "serve",
-            "--model",
-            str(tmp_path / "model"),
-            "--port",
-            str(port),
-            "--max-context",
-            "128",
-            "--max-batch",
-            "4",
-        ],  # fmt: skip
+        [sys.executable, "-m", "jaxswe", *serve, "--max-batch", "4"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        env={**ONE_DEVICE, "JAX_PLATFORMS": "cpu"},
     )
     try:
         _wait_healthy(url, server)
         (tmp_path / "rl.yaml").write_text(yaml.safe_dump(cfg))
         run_dir = tmp_path / "run"
+        argv = ["rl", "--config", str(tmp_path / "rl.yaml"), "--run-dir", str(run_dir)]
         rl = subprocess.run(  # the CLI on one CPU device, as a user runs it
-            [
-                sys.executable,
-                "-m",
-                "jaxswe",
-                "rl",
-                "--config",
-                str(tmp_path / "rl.yaml"),
-                "--run-dir",
-                str(run_dir),
-            ],
-            env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+            [sys.executable, "-m", "jaxswe", *argv],
+            env=ONE_DEVICE,
             capture_output=True,
             text=True,
             timeout=600,

@@ -30,6 +30,7 @@ def _toy_http_config(url: str) -> dict:
     cfg = yaml.safe_load((ROOT / "configs" / "toy-rl.yaml").read_text())
     cfg["rollout"] = {**cfg["rollout"], "engine": "http", "urls": [url], "export_dtype": "float32"}
     cfg["env"]["max_parallel"] = 16
+    cfg["agent"]["max_turns"] = 8  # longer episodes than the trainer's step: they span its syncs
     cfg["rl"].update(
         iterations=ITERATIONS,
         max_staleness=1,
@@ -63,7 +64,7 @@ def test_async_rl_over_http_pauses_in_flight_episodes_at_each_sync(tmp_path):
     _starting_model(cfg, tmp_path)
     serve = ["serve", "--model", str(tmp_path / "model"), "--port", str(port), "--max-context", "128"]
     server = subprocess.Popen(
-        [sys.executable, "-m", "jaxswe", *serve, "--max-batch", "4"],
+        [sys.executable, "-m", "jaxswe", *serve, "--max-batch", "1"],  # rollouts, not training, are slow
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -281,8 +281,9 @@ def test_endless_aborts_without_progress_are_an_error():
 
 def test_aborts_from_this_clients_pauses_are_not_aborts_without_progress():
     """A request still queued at each of several weight syncs comes back aborted with no tokens
-    every time: those aborts came from this client's own pauses, so it keeps continuing it (an
-    abort nobody asked for, without progress, still counts: see the test above)."""
+    every time: those aborts came from this client's own pauses, so it keeps continuing it, each
+    time after the continue (an abort nobody asked for, without progress, still counts: see the
+    test above)."""
     gate: asyncio.Queue = asyncio.Queue()
     answers = [_abort_reply([], "1"), _abort_reply([], "2"), _abort_reply([], "3"), _reply([9])]
 
@@ -298,6 +299,7 @@ def test_aborts_from_this_clients_pauses_are_not_aborts_without_progress():
         app = web.Application()
         app.router.add_post("/generate", generate)
         app.router.add_post("/pause_generation", control)
+        app.router.add_post("/continue_generation", control)
         runner = web.AppRunner(app)
         await runner.setup()
         port = _free_port()
@@ -309,6 +311,9 @@ def test_aborts_from_this_clients_pauses_are_not_aborts_without_progress():
                     await client.pause_generation()
                     gate.put_nowait(None)
                     await asyncio.sleep(0.05)
+                    assert gate.empty() and not request.done()  # no continuation while paused
+                    await client.continue_generation()
+                    await asyncio.sleep(0.05)  # the continuation goes out
                 gate.put_nowait(None)
                 return await request
         finally:

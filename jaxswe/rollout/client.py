@@ -10,8 +10,9 @@ mode (`allow_biased_sampling=False`) anything but the model's full softmax is re
 
 Partial rollouts: a request that comes back aborted by `/pause_generation` (finish_reason
 "abort") is sent again as its continuation (prompt + the tokens so far, the rest of the budget,
-the same `sampling_seed`); SGLang holds it until `/continue_generation`, so it goes on under the
-new weights. The returned Generation joins the pieces, and `weight_versions` records for every
+the same `sampling_seed`): after this client's `continue_generation` when this client paused the
+servers, at once otherwise (SGLang holds it until `/continue_generation`), so it goes on under
+the new weights. The returned Generation joins the pieces, and `weight_versions` records for every
 token the weight version (`meta_info.weight_version`) of the server that sampled it. A seeded
 draw depends only on (seed, position) and the logits (SGLang's `sampling_seed` under
 --enable-deterministic-inference, and `jaxswe serve`), so a continuation draws what the
@@ -99,6 +100,7 @@ class RolloutClient:
         self._rids: set[str] = set()  # generate() calls in flight
         self._cancelled: set[str] = set()  # of those, cancelled with abort_request
         self._pauses = 0  # pause_generation calls so far: aborts they caused are expected
+        self._pausing = False  # between this client's pause_generation and continue_generation
 
     # -- session -------------------------------------------------------------------------------
     async def __aenter__(self) -> RolloutClient:
@@ -251,6 +253,10 @@ class RolloutClient:
             if len(ids) >= params.max_new_tokens:
                 finish = "length"
                 break
+            # after this client's own pause, the continuation waits for its continue: some SGLang
+            # versions end a pause only once no request is registered, held ones included
+            while self._pausing:
+                await asyncio.sleep(0.01)
         return Generation(ids, logprobs, finish, prompt_logprobs, versions)
 
     # -- control -------------------------------------------------------------------------------
@@ -306,8 +312,8 @@ class RolloutClient:
         old weights before it loads, holding new requests meanwhile (SGLang's update takes a
         writer lock that every request holds as a reader), so the update waits for the slowest.
         With `pause` (partial rollouts): every server is paused in mode "abort" (its requests in
-        flight return the tokens sampled so far, and this client sends their continuations,
-        which the paused servers hold), then every server loads, then every server continues;
+        flight return the tokens sampled so far; this client sends their continuations after
+        the continue), then every server loads, then every server continues;
         no server loads before all are paused, none continues before all have loaded, and all
         are continued whatever failed, so nothing is left paused."""
         if not pause:
@@ -351,10 +357,15 @@ class RolloutClient:
         """Pause every server; mode "abort" returns the requests in flight as aborted (the call
         returns once they have), and this client continues them after `continue_generation`."""
         self._pauses += 1
+        self._pausing = True
         await self._post_all("/pause_generation", {"mode": mode})
 
     async def continue_generation(self) -> None:
-        await self._post_all("/continue_generation", {})
+        """Continue every server; then the continuations of the requests a pause returned go out."""
+        try:
+            await self._post_all("/continue_generation", {})
+        finally:
+            self._pausing = False
 
     async def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> None:
         """Cancel the request `rid` (or all of this client's): its `generate` raises RequestAborted."""

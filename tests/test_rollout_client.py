@@ -277,3 +277,47 @@ def test_endless_aborts_without_progress_are_an_error():
         return len(seen)
 
     assert asyncio.run(main()) == 3
+
+
+def test_aborts_from_this_clients_pauses_are_not_aborts_without_progress():
+    """A request still queued at each of several weight syncs comes back aborted with no tokens
+    every time: those aborts came from this client's own pauses, so it keeps continuing it, each
+    time after the continue (an abort nobody asked for, without progress, still counts: see the
+    test above)."""
+    gate: asyncio.Queue = asyncio.Queue()
+    answers = [_abort_reply([], "1"), _abort_reply([], "2"), _abort_reply([], "3"), _reply([9])]
+
+    async def main():
+        async def generate(request):
+            await request.json()
+            await gate.get()  # answered once the test has paused the server
+            return web.json_response(answers.pop(0))
+
+        async def control(request):
+            return web.json_response({"message": "ok", "status": "ok"})
+
+        app = web.Application()
+        app.router.add_post("/generate", generate)
+        app.router.add_post("/pause_generation", control)
+        app.router.add_post("/continue_generation", control)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = _free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with RolloutClient(f"http://127.0.0.1:{port}", max_retries=1) as client:
+                request = asyncio.ensure_future(client.generate([1, 2], SamplingParams(max_new_tokens=4)))
+                for _ in range(3):  # three syncs, each aborting the queued request
+                    await client.pause_generation()
+                    gate.put_nowait(None)
+                    await asyncio.sleep(0.05)
+                    assert gate.empty() and not request.done()  # no continuation while paused
+                    await client.continue_generation()
+                    await asyncio.sleep(0.05)  # the continuation goes out
+                gate.put_nowait(None)
+                return await request
+        finally:
+            await runner.cleanup()
+
+    gen = asyncio.run(main())
+    assert gen.output_ids == [9] and gen.weight_versions is None

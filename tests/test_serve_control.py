@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 import urllib.request
+from dataclasses import replace
 
 import jax.numpy as jnp
 import numpy as np
@@ -147,12 +148,13 @@ def test_pause_aborts_in_flight_holds_new_requests_and_update_applies_at_once(mo
         running, first = _in_thread(_gen, srv.url)
         assert sampler.reached.wait(60)
         assert _post(srv.url, "/flush_cache", {})[0] == 400  # SGLang: not while requests run
-        assert _post(srv.url, "/pause_generation", {"mode": "abort"}) == (
-            200,
-            {"message": "Generation paused successfully.", "status": "ok"},
-        )
+        pausing, paused = _in_thread(_post, srv.url, "/pause_generation", {"mode": "abort"})
+        pausing.join(0.5)
+        assert pausing.is_alive()  # SGLang: the pause returns once the aborted requests have
         sampler.release.set()
         running.join(60)
+        pausing.join(60)
+        assert paused["v"] == (200, {"message": "Generation paused successfully.", "status": "ok"})
         status, out = first["v"]
         meta = out["meta_info"]
         assert status == 200 and meta["finish_reason"]["type"] == "abort"
@@ -226,6 +228,61 @@ def test_update_without_pause_waits_for_requests_in_flight_and_abort_by_rid(mode
         srv.close()
 
 
+def test_paused_and_continued_request_draws_as_uninterrupted_with_versions_per_token(models):
+    """A seeded request paused after 4 tokens (the client sends its continuation, held until
+    `continue`): without a weight change it draws exactly what the uninterrupted request draws
+    (draws depend on (seed, position) only); with version 1 loaded during the pause its first 4
+    tokens are the uninterrupted ones and carry version "default", the rest carry "1" and are
+    model b's draws from the same noise (a fresh request from that point under b)."""
+    srv = _gated_server(models["a"][0])
+    sampler = srv.engine.sampler
+    params = SamplingParams(max_new_tokens=24, sampling_seed=1234)
+
+    async def paused_run(client, new_weights):
+        sampler.release.clear()
+        sampler.reached.clear()
+        sampler.armed.set()
+        calls = sampler.calls
+        request = asyncio.ensure_future(client.generate(PROMPT, params))
+        while not sampler.reached.is_set():
+            await asyncio.sleep(0.01)
+        pause = asyncio.ensure_future(client.pause_generation("abort"))
+        while not srv.engine.paused:
+            await asyncio.sleep(0.01)
+        sampler.release.set()
+        await pause
+        if new_weights:
+            await client.update_weights_from_disk(str(models["b"][0]), weight_version="1")
+        await client.continue_generation()
+        gen = await request
+        assert sampler.calls == calls + 2  # the aborted piece and its continuation
+        return gen
+
+    async def main():
+        async with RolloutClient(srv.url) as client:
+            whole = await client.generate(PROMPT, params)
+            same = await paused_run(client, new_weights=False)
+            switched = await paused_run(client, new_weights=True)
+            head = whole.output_ids[: CHUNK * sampler.after]
+            under_b = await client.generate(PROMPT + head, replace(params, max_new_tokens=24 - len(head)))
+            return whole, same, switched, under_b
+
+    try:
+        whole, same, switched, under_b = asyncio.run(main())
+    finally:
+        sampler.release.set()
+        srv.close()
+    k = CHUNK * sampler.after
+    assert len(whole.output_ids) > k, "finished before the pause; pick another seed"
+    assert same.output_ids == whole.output_ids and same.weight_versions == ["default"] * len(whole.output_ids)
+    np.testing.assert_allclose(same.logprobs, whole.logprobs, atol=1e-5)
+    assert switched.output_ids[:k] == whole.output_ids[:k]
+    assert switched.weight_versions == ["default"] * k + ["1"] * (len(switched.output_ids) - k)
+    assert switched.output_ids[k:] == under_b.output_ids and set(under_b.weight_versions) == {"1"}
+    assert switched.output_ids[k:] != whole.output_ids[k:]  # the new weights drew them
+    np.testing.assert_allclose(switched.logprobs[k:], under_b.logprobs, atol=1e-5)
+
+
 class _LoopEnv:
     """Never ends by itself: the episode runs until max_turns; the first step can run a hook."""
 
@@ -266,8 +323,11 @@ def test_weight_update_mid_episode_records_each_tokens_policy_version(tmp_path):
     async def trainer(client):
         while not sampler.reached.is_set():
             await asyncio.sleep(0.01)
-        await client.pause_generation("abort")
-        sampler.release.set()
+        pause = asyncio.ensure_future(client.pause_generation("abort"))
+        while not srv.engine.paused:
+            await asyncio.sleep(0.01)
+        sampler.release.set()  # the paused request returns at its next chunk: the pause ends
+        await pause
         await client.update_weights_from_disk(str(paths["b"]), weight_version="1")
         await client.continue_generation()
 

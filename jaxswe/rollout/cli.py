@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 from pathlib import Path
 
 import typer
@@ -58,6 +59,12 @@ def serve(
     engine = EmbeddedEngine(
         sampler, load_fn=load_fn, model_path=str(model), max_batch=max_batch, weight_version=weight_version
     )
+    handler = logging.StreamHandler()  # control calls (pause, update, continue), one line each
+    handler.setFormatter(logging.Formatter("jaxswe serve: %(message)s"))
+    server_log = logging.getLogger("jaxswe.rollout.server")
+    server_log.addHandler(handler)
+    server_log.setLevel(logging.INFO)
+    server_log.propagate = False  # once, whatever handlers the root logger has
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve_forever(engine, host, port))
 

@@ -9,11 +9,16 @@ answers are not retried. Sampling parameters are sent explicitly on every reques
 mode (`allow_biased_sampling=False`) anything but the model's full softmax is refused.
 
 Partial rollouts: a request that comes back aborted by `/pause_generation` (finish_reason
-"abort") is sent again as its continuation (prompt + the tokens so far, the rest of the budget);
-SGLang holds it until `/continue_generation`, so it goes on under the new weights. The returned
-Generation joins the pieces, and `weight_versions` records for every token the weight version
-(`meta_info.weight_version`) of the server that sampled it. Requests cancelled with
-`abort_request` raise `RequestAborted` instead.
+"abort") is sent again as its continuation (prompt + the tokens so far, the rest of the budget,
+the same `sampling_seed`): after this client's `continue_generation` when this client paused the
+servers, at once otherwise (SGLang holds it until `/continue_generation`), so it goes on under
+the new weights. The returned Generation joins the pieces, and `weight_versions` records for every
+token the weight version (`meta_info.weight_version`) of the server that sampled it. A seeded
+draw depends only on (seed, position) and the logits (SGLang's `sampling_seed` under
+--enable-deterministic-inference, and `jaxswe serve`), so a continuation draws what the
+uninterrupted request would have drawn from the same weights. Requests cancelled with
+`abort_request` raise `RequestAborted` instead. `update_weights_from_disk(..., pause=True)` is the
+weight handover with requests in flight (see there).
 """
 
 from __future__ import annotations
@@ -94,6 +99,8 @@ class RolloutClient:
         self._session: aiohttp.ClientSession | None = None
         self._rids: set[str] = set()  # generate() calls in flight
         self._cancelled: set[str] = set()  # of those, cancelled with abort_request
+        self._pauses = 0  # pause_generation calls so far: aborts they caused are expected
+        self._pausing = False  # between this client's pause_generation and continue_generation
 
     # -- session -------------------------------------------------------------------------------
     async def __aenter__(self) -> RolloutClient:
@@ -216,6 +223,7 @@ class RolloutClient:
                 "logprob_start_len": start if not ids else -1,
                 "rid": rid,
             }
+            pauses = self._pauses
             obj = await self._post("/generate", payload)
             if isinstance(obj, list) and len(obj) == 1:
                 obj = obj[0]
@@ -235,7 +243,9 @@ class RolloutClient:
                 break
             if rid in self._cancelled:
                 raise RequestAborted(f"request {rid} was aborted after {len(ids)} tokens")
-            empty_aborts = 0 if part.output_ids else empty_aborts + 1
+            # an abort without progress counts, unless this client paused the servers meanwhile
+            # (a request still queued at a weight update has sampled nothing yet)
+            empty_aborts = 0 if part.output_ids or self._pauses != pauses else empty_aborts + 1
             if empty_aborts > self.max_retries:
                 raise RolloutError(
                     f"request {rid} was aborted {empty_aborts} times in a row without progress"
@@ -243,6 +253,10 @@ class RolloutClient:
             if len(ids) >= params.max_new_tokens:
                 finish = "length"
                 break
+            # after this client's own pause, the continuation waits for its continue: some SGLang
+            # versions end a pause only once no request is registered, held ones included
+            while self._pausing:
+                await asyncio.sleep(0.01)
         return Generation(ids, logprobs, finish, prompt_logprobs, versions)
 
     # -- control -------------------------------------------------------------------------------
@@ -268,6 +282,9 @@ class RolloutClient:
         return healthy
 
     async def _post_all(self, path: str, payload: dict[str, Any] | None) -> list[Any]:
+        """POST to every worker (each retried); raises, once every worker has answered, naming
+        those that failed."""
+
         async def one(url: str) -> Any:
             for attempt in range(self.max_retries + 1):
                 try:
@@ -277,12 +294,37 @@ class RolloutClient:
                         raise RolloutError(str(err)) from None
                     await asyncio.sleep(min(self.max_backoff_s, self.backoff_s * 2**attempt))
 
-        return await asyncio.gather(*(one(u) for u in self.urls))
+        results = await asyncio.gather(*(one(u) for u in self.urls), return_exceptions=True)
+        failed = [str(r) for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise RolloutError(
+                f"{path} failed on {len(failed)} of {len(self.urls)} workers: " + "; ".join(failed)
+            )
+        return results
 
-    async def update_weights_from_disk(self, model_path: str, *, weight_version: str | None = None) -> None:
+    async def update_weights_from_disk(
+        self, model_path: str, *, weight_version: str | None = None, pause: bool = False
+    ) -> None:
         """Make every server load `model_path` and report `weight_version` from then on; raises
-        naming the servers that failed. Requests in flight are not aborted (SGLang finishes them
-        first unless paused, and flushes its cache itself)."""
+        naming the servers that failed. SGLang flushes its cache itself.
+
+        Without `pause`, requests in flight are not aborted: each server finishes them under the
+        old weights before it loads, holding new requests meanwhile (SGLang's update takes a
+        writer lock that every request holds as a reader), so the update waits for the slowest.
+        With `pause` (partial rollouts): every server is paused in mode "abort" (its requests in
+        flight return the tokens sampled so far; this client sends their continuations after
+        the continue), then every server loads, then every server continues;
+        no server loads before all are paused, none continues before all have loaded, and all
+        are continued whatever failed, so nothing is left paused."""
+        if not pause:
+            return await self._update_all(model_path, weight_version)
+        try:
+            await self.pause_generation("abort")
+            await self._update_all(model_path, weight_version)
+        finally:
+            await self.continue_generation()
+
+    async def _update_all(self, model_path: str, weight_version: str | None) -> None:
         payload = {"model_path": model_path, "abort_all_requests": False, "weight_version": weight_version}
         results = await asyncio.gather(
             *(self._update_one(u, "/update_weights_from_disk", payload) for u in self.urls)
@@ -312,12 +354,18 @@ class RolloutClient:
         await self._post_all("/flush_cache", None)
 
     async def pause_generation(self, mode: str = "abort") -> None:
-        """Pause every server; mode "abort" returns the requests in flight as aborted, and this
-        client continues them after `continue_generation`."""
+        """Pause every server; mode "abort" returns the requests in flight as aborted (the call
+        returns once they have), and this client continues them after `continue_generation`."""
+        self._pauses += 1
+        self._pausing = True
         await self._post_all("/pause_generation", {"mode": mode})
 
     async def continue_generation(self) -> None:
-        await self._post_all("/continue_generation", {})
+        """Continue every server; then the continuations of the requests a pause returned go out."""
+        try:
+            await self._post_all("/continue_generation", {})
+        finally:
+            self._pausing = False
 
     async def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> None:
         """Cancel the request `rid` (or all of this client's): its `generate` raises RequestAborted."""

@@ -8,7 +8,8 @@ single worker thread, so the event loop stays responsive. The control operations
   in flight has finished and swaps the weights in (so no response mixes two versions); when
   paused it swaps at once. `abort_all_requests` aborts what is in flight first.
 - `pause("abort")` aborts every request in flight (each returns the tokens sampled so far with
-  finish_reason "abort") and holds new requests until `continue_generation`.
+  finish_reason "abort"), returns once all of them have returned (SGLang's pause waits until no
+  request holds its model-update reader lock), and holds new requests until `continue_generation`.
 - `abort(rid)` / `abort(abort_all=True)` aborts requests; a running one stops at the next decode
   chunk boundary.
 Every result carries the weight version that produced it (SGLang's `meta_info.weight_version`).
@@ -157,14 +158,18 @@ class EmbeddedEngine:
                 if not job.running and not job.fut.done():  # still queued: nothing sampled yet
                     job.fut.set_result((Generation([], [], "abort"), self.weight_version))
 
-    async def pause(self, mode: str = "abort") -> None:
-        """Hold new requests until `continue_generation`; mode "abort" aborts those in flight."""
+    async def pause(self, mode: str = "abort") -> int:
+        """Hold new requests until `continue_generation`; mode "abort" aborts those in flight and
+        returns (how many it aborted) once every one of them has returned."""
         if mode not in PAUSE_MODES:
             raise ProtocolError(f"pause mode {mode!r} is not supported by jaxswe serve (use {PAUSE_MODES})")
         self._ensure_worker()
         async with self._cond:
             self._ctl.paused = True
+            aborted = len(self._ctl.jobs)
             self.abort(abort_all=True)
+            await self._cond.wait_for(lambda: not self._ctl.jobs)
+        return aborted
 
     async def continue_generation(self) -> None:
         self._ensure_worker()

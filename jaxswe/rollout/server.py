@@ -141,15 +141,18 @@ async def _update_weights(request: web.Request) -> web.Response:
     msg = f"Succeeded to update model weights from {path}."
     if version is not None:
         msg += f" Weight version updated to {version}."
+    log.info("update_weights_from_disk(%s): serving weight_version %s", path, engine.weight_version)
     return web.json_response({"success": True, "message": msg, "num_paused_requests": 0})
 
 
 async def _pause(request: web.Request) -> web.Response:
     try:
         body = await _json_body(request)
-        await request.app[ENGINE_KEY].pause(_field(body, "mode", str, "abort"))
+        mode = _field(body, "mode", str, "abort")
+        aborted = await request.app[ENGINE_KEY].pause(mode)
     except ProtocolError as err:
         return _json_error(400, str(err))
+    log.info("pause_generation(%s): %d requests in flight returned their partial tokens", mode, aborted)
     return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
 
@@ -159,6 +162,7 @@ async def _continue(request: web.Request) -> web.Response:
     except ProtocolError as err:
         return _json_error(400, str(err))
     await request.app[ENGINE_KEY].continue_generation()
+    log.info("continue_generation")
     return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
 

@@ -81,15 +81,33 @@ class EmbeddedBackend:
 
 
 class HttpBackend:
-    """SGLang-API servers; weights go through `save_hf` on a shared disk, in `export_dtype`."""
+    """SGLang-API servers; weights go through `save_hf` on a shared disk, in `export_dtype`.
+
+    With `partial_rollouts` (rl.max_staleness > 0: episodes are in flight at every sync) the
+    servers are paused for the update and continued after it (`RolloutClient.
+    update_weights_from_disk(pause=True)`): a request in flight returns its tokens so far and its
+    continuation is sampled by the new weights, so a sync never waits for the slowest generation
+    and no worker serves old weights after another has loaded new ones. The other way SGLang
+    allows, an update that waits for the requests in flight, would hold every server (and new
+    requests) until the longest generation ends, and leave workers on different versions
+    meanwhile. Without it (the synchronous loop) nothing is in flight and the update is a plain
+    `/update_weights_from_disk`.
+    """
 
     def __init__(
-        self, client: Any, model_cfg: Any, tokenizer_dir: str | None, *, export_dtype: str = "bfloat16"
+        self,
+        client: Any,
+        model_cfg: Any,
+        tokenizer_dir: str | None,
+        *,
+        export_dtype: str = "bfloat16",
+        partial_rollouts: bool = False,
     ):
         self.engine = client
         self.model_cfg = model_cfg
         self.tokenizer_dir = tokenizer_dir
         self.export_dtype = export_dtype
+        self.partial_rollouts = partial_rollouts
 
     async def sync_weights(self, params: Any, export_dir: Path, *, version: int) -> None:
         """Every process writes its own layers; process 0 then tells every worker to load them."""
@@ -121,7 +139,9 @@ class HttpBackend:
         shutil.rmtree(export_dir, ignore_errors=True)
         tmp.rename(export_dir)
         # the server flushes its cache itself
-        await self.engine.update_weights_from_disk(str(export_dir.absolute()), weight_version=str(version))
+        await self.engine.update_weights_from_disk(
+            str(export_dir.absolute()), weight_version=str(version), pause=self.partial_rollouts
+        )
 
     async def release(self) -> None:
         await self.engine.close()

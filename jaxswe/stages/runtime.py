@@ -186,7 +186,13 @@ def make_backend(cfg: RunConfig, policy: Policy, *, allow_biased: bool = False) 
         seed=r.seed,
         router=r.router,
     )
-    return HttpBackend(client, policy.model_cfg, policy.tokenizer_dir, export_dtype=r.export_dtype)
+    return HttpBackend(
+        client,
+        policy.model_cfg,
+        policy.tokenizer_dir,
+        export_dtype=r.export_dtype,
+        partial_rollouts=cfg.rl.max_staleness > 0,  # episodes in flight at every weight sync
+    )
 
 
 def load_pool(path: str) -> list[Any]:

@@ -78,6 +78,7 @@ class Collected:
     rounds: int = 0
     timings: Counter = field(default_factory=Counter)
     extra: dict[str, float] = field(default_factory=dict)  # async: staleness metrics
+    min_version: int | None = None  # async: tokens sampled by older policy versions are not trained
 
 
 def group_rewards(group: list[Episode], cfg: RunConfig) -> list[float]:
@@ -132,14 +133,27 @@ async def collect_sync(ctx: StageContext, order: DataOrder, step: int) -> tuple[
 
 
 # -- pack -> recompute -> update -----------------------------------------------------------------
+def fresh_tokens(seq: Sequence, min_version: int) -> Sequence:
+    """`seq` with the tokens sampled by policy versions before `min_version` not trained."""
+    return replace(seq, loss_mask=seq.loss_mask * (seq.policy_versions >= min_version))
+
+
 def training_sequences(c: Collected) -> tuple[list[Sequence], list[Sequence]]:
     """(trained, dropped) sequences: the scored episodes of kept groups with their advantages, and
-    those of dropped groups (only checked for sampling bias)."""
+    those of dropped groups (only checked for sampling bias). With `c.min_version` (async) only
+    the tokens sampled by that version or later are trained, and a trajectory left with none is
+    not packed (its outcome still counted in its group's advantages)."""
     seqs, dropped = [], []
     for grp, adv_g, keep in zip(c.groups, c.result.advantages, c.kept, strict=True):
         for ep, adv in zip(grp, adv_g, strict=True):
-            if ep.infra_error is None:
-                (seqs if keep else dropped).append(ep.rl_sequence(adv))
+            if ep.infra_error is not None:
+                continue
+            seq = ep.rl_sequence(adv)
+            if c.min_version is not None:
+                seq = fresh_tokens(seq, c.min_version)
+                if not seq.loss_mask.any():
+                    continue
+            (seqs if keep else dropped).append(seq)
     return seqs, dropped
 
 
@@ -188,16 +202,23 @@ def _flat(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([x.reshape(-1) for x in parts]) if parts else np.zeros(0, np.float32)
 
 
+BIAS_KEYS = ("sampling_bias_nats", "sampling_bias_z", "sampling_surprisal", "sampling_entropy")
+
+
 def check_sampling(
     rl: RLSection, steps: list[TokenBatch], dists: list[Dist], where: str, version: int | None
 ) -> dict[str, Any]:
     """The rollout-vs-trainer log-prob gap and the sampling-bias statistics of the sampled tokens
     of `steps` (recomputed, not yet updated); with `version`, of the tokens that policy version
-    sampled (older ones differ from the trainer by design). Raises when the alarm fires and
+    sampled (older ones differ from the trainer by design). None when there is no such token
+    (k > 0 and every token is stale: nothing was checked). Raises when the alarm fires and
     rl.bias_alarm_stop."""
     mask = _flat([b.loss_mask for b in steps]) > 0
     if version is not None:
         mask &= _flat([b.policy_versions for b in steps]) == version
+    if not mask.any():
+        keys = ("logprob_gap_mean_abs", "logprob_gap_max_abs", "logprob_gap_kl", *BIAS_KEYS)
+        return dict.fromkeys(keys) | {"sampling_bias_tokens": 0, "sampling_bias_alarm": 0}
     trainer_lp = _flat([b.old_logprobs for b in steps])
     gap = logprob_gap(_flat([b.rollout_logprobs for b in steps]), trainer_lp, mask)
     bias = sampling_bias(trainer_lp, _flat([e for e, _ in dists]), _flat([v for _, v in dists]), mask)

@@ -3,19 +3,20 @@
 A `RolloutPump` keeps k x P groups of G episodes outstanding (running, or finished and not yet
 trained) and starts a new group as soon as the trainer takes one, so the rollout engine never
 waits for the trainer and the trainer never waits for the slowest episode of an iteration: while
-version v trains, the groups of the next k steps are sampled by version v - 1 or later (a group
-started when the trainer takes at version v is taken at v + k at the latest, if nothing is
-dropped). A group
-is judged (rewards, advantages) only when all its episodes are done. Weight updates do not stop
+version v trains, the groups of the next k steps are sampled by version v - 1 or later. A group is
+judged (rewards, advantages) only when all its episodes are done. Weight updates do not stop
 episodes: a running episode continues under the new weights from its next turn, and every sampled
 token keeps the policy version that sampled it (`Episode.policy_versions`).
 
 `take(order, step)` hands the trainer (policy version step - 1) the groups that finished, in
 finishing order, until P of them are informative, within the synchronous loop's budget of P groups
-(P x (1 + rl.max_resample_rounds) with rl.resample_to_fill). A group with a sampled token more
-than k versions behind the trainer is not trained (`groups_stale`). Its row reports the staleness
-of the trained tokens (mean, max, fraction at each lag 0..k) and `time_rollout_s`, the time the
-trainer waited for groups.
+(P x (1 + rl.max_resample_rounds) with rl.resample_to_fill). A token sampled more than k versions
+behind the trainer is not trained: a group's newer tokens train (a long episode that spans
+several weight updates keeps its recent turns), and a group with no newer token is not trained
+at all (`groups_stale`); every episode's outcome still counts in its group's advantages. The row
+reports the staleness of the trained tokens (mean, max, fraction at each lag 0..k), the fraction
+of the kept groups' sampled tokens left out as too stale (`staleness_masked_frac`), and
+`time_rollout_s`, the time the trainer waited for groups.
 
 Runs on one JAX process (the episodes of all groups share the event loop with the trainer, whose
 steps run in a worker thread).
@@ -40,38 +41,40 @@ from jaxswe.stages.rollouts import collect_episodes
 from jaxswe.stages.task_pool import DataOrder, next_problems
 
 
-def group_lag(group: list[Episode], version: int) -> int:
-    """How many policy versions the oldest sampled token of `group` is behind `version`."""
-    sampled = [
-        v
-        for e in group
-        if e.infra_error is None
-        for v, m in zip(e.policy_versions, e.loss_mask, strict=True)
-        if m
-    ]
-    return version - min(sampled) if sampled else 0
-
-
-def staleness_stats(groups: list[list[Episode]], kept: list[bool], version: int, k: int) -> dict[str, Any]:
-    """Staleness of the trained tokens (kept groups' sampled tokens) behind the trainer's version."""
-    lags = np.array(
+def sampled_versions(group: list[Episode]) -> np.ndarray:
+    """The policy version of every sampled token of `group`'s scored episodes."""
+    return np.array(
         [
-            version - v
-            for g, keep in zip(groups, kept, strict=True)
-            if keep
-            for e in g
+            v
+            for e in group
             if e.infra_error is None
             for v, m in zip(e.policy_versions, e.loss_mask, strict=True)
             if m
         ],  # fmt: skip
         np.int64,
     )
+
+
+def trainable(group: list[Episode], min_version: int) -> bool:
+    """Whether `group` has a sampled token from `min_version` or later (one that may train)."""
+    return bool((sampled_versions(group) >= min_version).any())
+
+
+def staleness_stats(groups: list[list[Episode]], kept: list[bool], version: int, k: int) -> dict[str, Any]:
+    """Staleness of the kept groups' sampled tokens behind the trainer's `version`: of the trained
+    ones (lag <= k: mean, max, fraction at each lag 0..k), and the fraction not trained for being
+    more than k behind (`staleness_masked_frac`)."""
+    lags = version - np.concatenate(
+        [sampled_versions(g) for g, keep in zip(groups, kept, strict=True) if keep] or [np.zeros(0, np.int64)]
+    )
+    trained = lags[lags <= k]
     out: dict[str, Any] = {
-        "staleness_mean": float(lags.mean()) if lags.size else 0.0,
-        "staleness_max": int(lags.max()) if lags.size else 0,
+        "staleness_mean": float(trained.mean()) if trained.size else 0.0,
+        "staleness_max": int(trained.max()) if trained.size else 0,
+        "staleness_masked_frac": float((lags > k).mean()) if lags.size else 0.0,
     }
     for lag in range(k + 1):
-        out[f"staleness_frac_{lag}"] = float((lags == lag).mean()) if lags.size else 0.0
+        out[f"staleness_frac_{lag}"] = float((trained == lag).mean()) if trained.size else 0.0
     return out
 
 
@@ -146,7 +149,7 @@ class RolloutPump:
             group = await self._next_group()
             groups.append(group)
             rewards.append(group_rewards(group, cfg))
-            fresh.append(group_lag(group, version) <= k)
+            fresh.append(trainable(group, version - k))
             kept = [a and b for a, b in zip(judge(groups, rewards).kept, fresh, strict=True)]
             if sum(kept) >= want:
                 break
@@ -158,7 +161,7 @@ class RolloutPump:
         )
         extra = {"groups_stale": len(fresh) - sum(fresh), **staleness_stats(groups, kept, version, k)}
         rounds = max(0, -(-len(groups) // want) - 1)
-        return Collected(groups, rewards, result, kept, rounds, timings, extra), self.order
+        return Collected(groups, rewards, result, kept, rounds, timings, extra, version - k), self.order
 
     async def stop(self) -> None:
         """Cancel the outstanding episodes (a resumed run starts new ones)."""

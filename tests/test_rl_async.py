@@ -145,9 +145,10 @@ def test_stale_tokens_are_not_trained_and_staleness_is_measured():
     with a fresh token is trainable, one without is not; the trained sequences keep only fresh
     tokens (an all-stale trajectory is not packed, its outcome still in the advantages);
     staleness_stats describes the trained tokens and the stale fraction left out."""
+    from jaxswe.errors import UserError
     from jaxswe.stages.episodes import Episode
     from jaxswe.stages.rl import Collected, judge, training_sequences
-    from jaxswe.stages.rl_async import staleness_stats, trainable
+    from jaxswe.stages.rl_async import check_versioned, staleness_stats, trainable
 
     def ep(versions, resolved):
         n = len(versions)
@@ -159,6 +160,12 @@ def test_stale_tokens_are_not_trained_and_staleness_is_measured():
     spans = [ep([-1, 1, 2, -1, 4], True), ep([-1, 2, 2], False)]  # k = 2 at version 4: min version 2
     stale = [ep([-1, 1, 1], True), ep([-1, 0], False)]
     assert trainable(spans, 2) and not trainable(stale, 2)
+    check_versioned(spans)
+    with pytest.raises(UserError, match="weight_version"):  # an engine that reports no versions
+        unversioned = Episode(
+            "t", [0, 1], [0, 1], [0, 1], [0.0, 0.0], 1, "submitted", True, policy_versions=[-1, -1]
+        )
+        check_versioned([unversioned, *spans])
     stats = staleness_stats([spans, stale], [True, False], 4, 2)
     # spans' sampled lags: 3 (masked), 2, 0, 2, 2
     assert stats["staleness_max"] == 2 and stats["staleness_mean"] == pytest.approx(6 / 4)

@@ -55,6 +55,17 @@ def sampled_versions(group: list[Episode]) -> np.ndarray:
     )
 
 
+def check_versioned(group: list[Episode]) -> None:
+    """Raise when a sampled token of `group` has no policy version (the engine reported none):
+    with k > 0 it could never be told fresh from stale, and would silently never train."""
+    if (sampled_versions(group) < 0).any():
+        raise UserError(
+            "rl.max_staleness > 0 needs the policy version of every sampled token, and the rollout "
+            "engine reported none (meta_info.weight_version); use an engine that reports it "
+            "(jaxswe serve, or an SGLang whose /generate meta_info has weight_version) or rl.max_staleness 0"
+        )
+
+
 def trainable(group: list[Episode], min_version: int) -> bool:
     """Whether `group` has a sampled token from `min_version` or later (one that may train)."""
     return bool((sampled_versions(group) >= min_version).any())
@@ -147,6 +158,7 @@ class RolloutPump:
         groups, rewards, fresh = [], [], []
         while len(groups) < budget:
             group = await self._next_group()
+            check_versioned(group)
             groups.append(group)
             rewards.append(group_rewards(group, cfg))
             fresh.append(trainable(group, version - k))

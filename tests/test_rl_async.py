@@ -232,3 +232,48 @@ def test_sampling_check_reports_nothing_when_every_token_is_stale():
     current = check_sampling(rl, [batch], [dist], "test", version=3)
     assert current["sampling_bias_tokens"] == 12
     assert current["logprob_gap_mean_abs"] == pytest.approx(0.5, abs=1e-6)
+
+
+def test_every_token_of_a_k1_run_has_the_log_prob_of_the_version_that_sampled_it(tmp_path):
+    """The sampling check sees only tokens of the trainer's own version, so with k > 0 it cannot
+    vouch for the rollouts; this does: a 4-iteration k = 1 toy run keeps every synced version's
+    weights, and each sampled token's rollout log-prob (every trajectory file) equals that
+    version's log-prob of it, recomputed by the model code."""
+    from jaxswe.config import load_config
+    from jaxswe.model import token_logprobs
+    from jaxswe.stages.context import ensure_backend, open_stage
+    from jaxswe.stages.episodes import load_episodes
+    from jaxswe.stages.stages import run_rl_stage
+
+    cfg = load_config(CONFIG, ["rl.iterations=4", "rl.max_staleness=1", "eval.after_stage=false"])
+    ctx = open_stage(cfg, tmp_path / "rl", init_from=None)
+    backend = ensure_backend(ctx)
+    weights = {0: jax.tree.map(np.array, ctx.policy.params)}
+    sync = backend.sync_weights
+
+    async def keep_versions(params, export_dir, *, version):
+        weights[version] = jax.tree.map(np.array, params)
+        await sync(params, export_dir, version=version)
+
+    backend.sync_weights = keep_versions
+    run_rl_stage(ctx, history_from=None, resume=False)
+    model_cfg = ctx.policy.model_cfg
+    episodes = [
+        e for p in sorted((tmp_path / "rl" / "trajectories").glob("iter_*.jsonl")) for e in load_episodes(p)
+    ]
+    width = max(len(e.input_ids) for e in episodes)
+    ids = np.zeros((len(episodes), width), np.int32)  # right-padded: causal, so padding changes nothing
+    versions = np.full((len(episodes), width), -1)
+    rollout = np.zeros((len(episodes), width), np.float32)
+    for i, e in enumerate(episodes):
+        n = len(e.input_ids)
+        ids[i, :n], versions[i, :n], rollout[i, :n] = e.input_ids, e.policy_versions, e.rollout_logprobs
+    logprobs = jax.jit(lambda p, x: token_logprobs(p, model_cfg, x))
+    checked = sorted(set(versions[versions >= 0].tolist()))
+    for v in checked:
+        want = np.asarray(logprobs(weights[v], jnp.asarray(ids)))
+        np.testing.assert_allclose(
+            rollout[versions == v], want[versions == v], atol=5e-5, err_msg=f"version {v}"
+        )
+    # iterations 1-4 train tokens of versions 0-2 (one behind), and of 3 when an episode ran past a sync
+    assert {0, 1, 2} <= set(checked) <= {0, 1, 2, 3}, checked

@@ -92,13 +92,13 @@ def staleness_stats(groups: list[list[Episode]], kept: list[bool], version: int,
 class RolloutPump:
     """Groups of episodes kept in flight continuously; `take` is the async loop's `collect`."""
 
-    def __init__(self, setup: StageContext, order: DataOrder):
+    def __init__(self, ctx: StageContext, order: DataOrder):
         import jax
 
         if jax.process_count() > 1:
             raise UserError("rl.max_staleness > 0 runs on one JAX process; use 0 with several processes")
-        rl = setup.cfg.rl
-        self.setup = setup
+        rl = ctx.cfg.rl
+        self.ctx = ctx
         self.order = order  # drawn ahead of training: includes the problems of outstanding groups
         self.capacity = rl.max_staleness * rl.problems_per_iteration
         self.outstanding = 0
@@ -109,18 +109,18 @@ class RolloutPump:
         self._fill()
 
     def _fill(self) -> None:
-        cfg = self.setup.cfg
+        cfg = self.ctx.cfg
         while self.outstanding < self.capacity:
             # the seed follows the data order's state, so a group's samples never depend on timing
             seed = derive_seed(cfg.seed, "rl-async", self.order.to_json())
-            (problem,), self.order = next_problems(self.setup.task_ids, 1, self.order, cfg.seed)
+            (problem,), self.order = next_problems(self.ctx.task_ids, 1, self.order, cfg.seed)
             self.outstanding += 1
             task = asyncio.get_running_loop().create_task(self._run_group(problem, seed))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
     async def _run_group(self, problem: str, seed: int) -> None:
-        s, cfg = self.setup, self.setup.cfg
+        s, cfg = self.ctx, self.ctx.cfg
         try:
             episodes, _ = await collect_episodes(
                 [problem] * cfg.rl.group_size,
@@ -151,7 +151,7 @@ class RolloutPump:
     async def take(self, order: DataOrder, step: int) -> tuple[Collected, DataOrder]:
         """The judged groups policy version step - 1 trains on (see the module doc); `order` is
         replaced by the pump's own, which runs ahead by the outstanding groups."""
-        cfg, rl = self.setup.cfg, self.setup.cfg.rl
+        cfg, rl = self.ctx.cfg, self.ctx.cfg.rl
         version, k, want = step - 1, rl.max_staleness, rl.problems_per_iteration
         budget = want * (1 + (rl.max_resample_rounds if rl.resample_to_fill else 0))
         t0 = time.perf_counter()

@@ -16,6 +16,7 @@ on their own hosts. Only process 0 writes files other than checkpoints and expor
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 from collections.abc import Callable
@@ -106,14 +107,76 @@ def broadcast(obj: T) -> T:
     return obj if is_main() else pickle.loads(out.tobytes())
 
 
+class ProcessZeroError(RuntimeError):
+    """What the other processes raise when process 0 failed in `on_main`."""
+
+
+class _Raised:
+    """Process 0's exception, carried through `broadcast` (as text if it does not pickle)."""
+
+    def __init__(self, err: BaseException):
+        try:
+            pickle.dumps(err)
+            self.err = err
+        except Exception:
+            self.err = ProcessZeroError(f"{type(err).__name__}: {err}")
+
+
+def _result(out: Any) -> Any:
+    if isinstance(out, _Raised):
+        raise out.err
+    return out
+
+
+def _share_failure(err: Exception) -> None:
+    if jax.process_count() > 1:
+        broadcast(_Raised(err))
+
+
 def on_main(fn: Callable[[], T]) -> T:
-    """Run `fn` on process 0 only and give its result to every process."""
-    return broadcast(fn() if is_main() else None)
+    """Run `fn` on process 0 only and give its result to every process; when it raises, every
+    process raises its exception (the others do not wait for a broadcast that never comes)."""
+    if not is_main():
+        return _result(broadcast(None))
+    try:
+        out = fn()
+    except Exception as err:
+        _share_failure(err)
+        raise
+    return broadcast(out)
 
 
 async def on_main_async(coro_fn: Callable[[], Any]) -> Any:
     """`on_main` for a coroutine function (the other processes wait at the broadcast)."""
-    return broadcast(await coro_fn() if is_main() else None)
+    if not is_main():
+        return _result(broadcast(None))
+    try:
+        out = await coro_fn()
+    except Exception as err:
+        _share_failure(err)
+        raise
+    return broadcast(out)
+
+
+def check_same_on_every_process(arrays: list[np.ndarray | None], what: str) -> None:
+    """Raise when the host `arrays` differ between processes (compared by a SHA-256 digest): a
+    global array built from host values takes each process's shards from its own copy, so copies
+    that differ would be mixed silently. No-op with one process."""
+    if jax.process_count() == 1:
+        return
+    h = hashlib.sha256()
+    for x in arrays:
+        x = np.ascontiguousarray(np.zeros(0) if x is None else x)
+        h.update(f"{x.dtype}{x.shape}".encode())
+        h.update(x.tobytes())
+    digest = np.frombuffer(h.digest(), np.uint32)
+    every = np.asarray(multihost_utils.process_allgather(digest))  # [processes, 8]
+    differ = [i for i in range(every.shape[0]) if not np.array_equal(every[i], every[0])]
+    if differ:
+        raise RuntimeError(
+            f"{what} differs between process 0 and processes {differ}: every process must build "
+            "the same host data (a nondeterministic input pipeline?)"
+        )
 
 
 def to_host(x: jax.Array) -> np.ndarray:

@@ -1,5 +1,8 @@
 """One of 2 processes (4 CPU devices each) calling save_hf on fsdp-sharded params; writes the names
-of the safetensors files this process wrote to OUT/written_<id>.json.
+of the safetensors files this process wrote to OUT/written_<id>.json. Then checks two helpers of
+jaxswe.distributed across the processes and writes what each process saw to OUT/helpers_<id>.json:
+an exception in `on_main` reaches every process, and host data that differ between processes
+are caught.
 
 usage: python mp_save_hf_child.py OUT PROCESS_ID PORT
 """
@@ -18,6 +21,7 @@ from jaxswe import distributed  # noqa: E402
 distributed.initialize(f"localhost:{port}", 2, process_id)
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 from jaxswe.config import MeshSection  # noqa: E402
 from jaxswe.model import hf_io  # noqa: E402
@@ -40,3 +44,24 @@ hf_io.save_file = lambda tensors, file, **kw: (
 )
 hf_io.save_hf(out / "hf", CONFIG, params, dtype="bfloat16", max_shard_bytes=60_000)
 (out / f"written_{process_id}.json").write_text(json.dumps(written))
+
+
+def outcome(fn) -> str:
+    try:
+        fn()
+        return "ok"
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+
+
+def fail_on_main():
+    raise ValueError("process 0 failed")
+
+
+seen = {
+    "on_main": outcome(lambda: distributed.on_main(fail_on_main)),
+    "on_main_after": distributed.on_main(lambda: "still in step"),
+    "same": outcome(lambda: distributed.check_same_on_every_process([np.arange(3), None], "x")),
+    "differ": outcome(lambda: distributed.check_same_on_every_process([np.arange(3) + process_id], "x")),
+}
+(out / f"helpers_{process_id}.json").write_text(json.dumps(seen))

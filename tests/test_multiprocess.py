@@ -160,7 +160,9 @@ def test_cli_two_processes_kill_one_then_resume_both(tmp_path):
 @pytest.mark.timeout(1200)
 def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
     """Each process writes only the files of its own layers (process 0 also the index and
-    config.json); transformers loads the one directory with the trainer's log-probs."""
+    config.json); transformers loads the one directory with the trainer's log-probs. Also (same
+    processes): process 0's exception in `on_main` is raised on both processes, which then go
+    on in step, and host data that differ between processes are caught on both."""
     import json
 
     import jax
@@ -183,6 +185,11 @@ def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
         index[f"model.layers.1.{n}"] in written[1] for n in ("mlp.up_proj.weight", "self_attn.q_proj.bias")
     )
     assert index["model.embed_tokens.weight"] in written[0] and index["lm_head.weight"] in written[1]
+    for i in (0, 1):
+        seen = json.loads((tmp_path / f"helpers_{i}.json").read_text())
+        assert seen["on_main"] == "ValueError: process 0 failed", seen
+        assert seen["on_main_after"] == "still in step" and seen["same"] == "ok", seen
+        assert seen["differ"].startswith("RuntimeError: x differs between process 0 and processes [1]"), seen
 
     config = get_preset("tiny", vocab_size=96, tie_word_embeddings=False, attention="dense")
     params = jax.tree.map(
@@ -198,12 +205,15 @@ def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
     np.testing.assert_allclose(ours, ref, atol=1e-4)
 
 
-def _start_toy_rl(run_dir: Path, n: int, cache: Path) -> list[subprocess.Popen]:
-    """`jaxswe rl --config configs/toy-rl.yaml` over 8 CPU devices as n processes, each logging the
-    files it writes to run_dir/../logs_N/written_I.txt (mp_audit_child.py)."""
+def _start_toy_rl(
+    run_dir: Path, n: int, cache: Path, sets: list[str] | None = None
+) -> list[subprocess.Popen]:
+    """`jaxswe rl --config configs/toy-rl.yaml` (with `sets`, default TOY_RL_SETS) over 8 CPU devices
+    as n processes, each logging the files it writes to run_dir/../logs_N/written_I.txt
+    (mp_audit_child.py)."""
     logs = run_dir.parent / f"logs_{n}"
     args = ["rl", "--config", str(ROOT / "configs" / "toy-rl.yaml"), "--run-dir", str(run_dir)]
-    args += [a for s in TOY_RL_SETS for a in ("--set", s)]
+    args += [a for s in (TOY_RL_SETS if sets is None else sets) for a in ("--set", s)]
     if n > 1:
         args += ["--coordinator", f"localhost:{_port()}", "--num-processes", str(n)]
     cmd = [sys.executable, str(HERE / "mp_audit_child.py")]
@@ -257,3 +267,22 @@ def _written(log: Path, run_dir: Path) -> list[Path]:
     """The files under run_dir that one process opened for writing (mp_audit_child.py's log)."""
     paths = [Path(line) for line in log.read_text().split()]
     return [p.relative_to(run_dir) for p in paths if p.is_relative_to(run_dir)]
+
+
+@pytest.mark.timeout(900)
+def test_toy_rl_max_staleness_1_on_two_processes(tmp_path):
+    """Async RL (rl.max_staleness 1) through the CLI on 2 x 4 devices: process 0's rollout pump
+    feeds both processes (every training batch is checked to be the same on both: a difference
+    stops the run), the trained tokens are at most one version old and some are one old, and
+    process 1 writes nothing but its checkpoint shards. The compile cache is off for several CPU
+    processes (a cached executable hangs in its first gloo collective)."""
+    run = tmp_path / "run"
+    sets = ["rl.iterations=5", "rl.max_staleness=1", "eval.after_stage=false"]
+    outs = _wait(_start_toy_rl(run, 2, tmp_path / "xla", sets), timeout=800)
+    assert "no XLA compile cache with several CPU processes" in outs[0]
+    rows = read_rows(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert all(r["staleness_max"] <= 1 for r in rows) and any(r["staleness_frac_1"] > 0 for r in rows)
+    assert sum(r["optimizer_steps"] for r in rows) > 0
+    wrote = _written(tmp_path / "logs_2" / "written_1.txt", run)
+    assert wrote and all(p.parts[0] == "checkpoints" for p in wrote), wrote

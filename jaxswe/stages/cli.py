@@ -26,12 +26,20 @@ InitFromOpt = Annotated[
 
 
 def _compile_cache() -> None:
-    """Reuse XLA compilations across processes (resume, repeated stages)."""
+    """Reuse XLA compilations across runs (resume, repeated stages): JAXSWE_COMPILE_CACHE, empty
+    for none. Off with several processes on CPU: there an executable from the cache hangs in its
+    first gloo collective (jax 0.10.2: a second 2-process `jaxswe rl` on the toy config hung in
+    iteration 2's DAPO step, also with only process 0's cache warm)."""
     import jax
 
     path = os.environ.get("JAXSWE_COMPILE_CACHE", str(Path.home() / ".cache" / "jaxswe" / "xla"))
-    if path:
-        jax.config.update("jax_compilation_cache_dir", path)
+    if not path:
+        return
+    if jax.process_count() > 1 and jax.default_backend() == "cpu":
+        if jax.process_index() == 0:
+            print("jaxswe: no XLA compile cache with several CPU processes (cached executables hang in gloo)")
+        return
+    jax.config.update("jax_compilation_cache_dir", path)
 
 
 def _stage_command(name: str):

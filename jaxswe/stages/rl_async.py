@@ -18,8 +18,9 @@ reports the staleness of the trained tokens (mean, max, fraction at each lag 0..
 of the kept groups' sampled tokens left out as too stale (`staleness_masked_frac`), and
 `time_rollout_s`, the time the trainer waited for groups.
 
-Runs on one JAX process (the episodes of all groups share the event loop with the trainer, whose
-steps run in a worker thread).
+The episodes share the event loop with the trainer, whose steps run in a worker thread. With
+several JAX processes the pump runs on process 0, like every rollout (jaxswe.distributed), and
+`take` broadcasts its judged groups, so every process trains on the same batches.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxswe.distributed import is_main, on_main_async
 from jaxswe.errors import UserError
 from jaxswe.rollout.types import derive_seed
 from jaxswe.stages.context import StageContext
@@ -93,10 +95,6 @@ class RolloutPump:
     """Groups of episodes kept in flight continuously; `take` is the async loop's `collect`."""
 
     def __init__(self, ctx: StageContext, order: DataOrder):
-        import jax
-
-        if jax.process_count() > 1:
-            raise UserError("rl.max_staleness > 0 runs on one JAX process; use 0 with several processes")
         rl = ctx.cfg.rl
         self.ctx = ctx
         self.order = order  # drawn ahead of training: includes the problems of outstanding groups
@@ -106,7 +104,8 @@ class RolloutPump:
         self.tasks: set[asyncio.Task] = set()
         self.changed = asyncio.Event()
         self.error: BaseException | None = None
-        self._fill()
+        if is_main():  # the other processes only receive `take`'s broadcast
+            self._fill()
 
     def _fill(self) -> None:
         cfg = self.ctx.cfg
@@ -130,6 +129,7 @@ class RolloutPump:
                 replace(s.sampling, sampling_seed=seed),
                 cfg.agent,
                 concurrency=cfg.env.max_parallel,
+                every_process=False,  # `take` broadcasts the groups it hands the trainer
             )
             self.finished.append(episodes)
         except asyncio.CancelledError:
@@ -149,8 +149,11 @@ class RolloutPump:
         return self.finished.pop(0)
 
     async def take(self, order: DataOrder, step: int) -> tuple[Collected, DataOrder]:
-        """The judged groups policy version step - 1 trains on (see the module doc); `order` is
-        replaced by the pump's own, which runs ahead by the outstanding groups."""
+        """The judged groups policy version step - 1 trains on (see the module doc), on every
+        process; `order` is replaced by the pump's own, which runs ahead by the outstanding groups."""
+        return await on_main_async(lambda: self._take(step))
+
+    async def _take(self, step: int) -> tuple[Collected, DataOrder]:
         cfg, rl = self.ctx.cfg, self.ctx.cfg.rl
         version, k, want = step - 1, rl.max_staleness, rl.problems_per_iteration
         budget = want * (1 + (rl.max_resample_rounds if rl.resample_to_fill else 0))

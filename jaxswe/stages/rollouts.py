@@ -160,17 +160,18 @@ async def collect_episodes(
     *,
     concurrency: int = 8,
     on_done: Callable[[int, Episode], None] | None = None,
+    every_process: bool = True,
 ) -> tuple[list[Episode], float]:
     """Run one episode per entry of `task_ids` (repeat an id for a group), all in flight at once.
 
     Returns the episodes in input order and the wall time; `on_done(index, episode)` is called as
     each one finishes (to stream them to disk). An environment that cannot even be built counts as
     an infrastructure failure of that episode. With several processes, process 0 runs them all and
-    every process gets its episodes (see jaxswe.distributed).
+    every process gets its episodes (see jaxswe.distributed); with `every_process` False only the
+    calling process (process 0: its engine) runs them and gets them, with no collective.
     """
-    return await on_main_async(
-        lambda: _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concurrency, on_done)
-    )
+    run = lambda: _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concurrency, on_done)
+    return await (on_main_async(run) if every_process else run())
 
 
 async def _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concurrency, on_done):

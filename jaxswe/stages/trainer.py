@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxswe.config import MeshSection, OptimizerSection
 from jaxswe.data.packing import DAPO_FIELDS, SFT_FIELDS, TokenBatch
-from jaxswe.distributed import to_host
+from jaxswe.distributed import check_same_on_every_process, to_host
 from jaxswe.model.params import param_logical_axes
 from jaxswe.optim import make_optimizer, make_schedule
 from jaxswe.train import (
@@ -131,6 +131,7 @@ class Trainer:
 
     def _put(self, batch: Batch) -> TokenBatch:
         batch = TokenBatch.of(batch)
+        check_same_on_every_process(list(batch), "a training batch")
         put = lambda x: None if x is None else jax.device_put(np.asarray(x), self._sft.batch_sharding)
         return TokenBatch(*(put(x) for x in batch))
 

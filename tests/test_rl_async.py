@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import jax
@@ -186,6 +187,39 @@ def test_stale_tokens_are_not_trained_and_staleness_is_measured():
         0,
         1,
     ]
+
+
+def test_the_trainer_takes_the_first_drawn_of_the_finished_groups():
+    """Of the groups already done the trainer gets the first drawn, not the first to finish (which
+    would depend on timing and favour groups of short episodes); with none done, the next to
+    finish."""
+    from jaxswe.stages.rl_async import RolloutPump
+
+    pump = object.__new__(RolloutPump)  # its bookkeeping alone: capacity 0 starts no groups
+    pump.capacity, pump.outstanding, pump.error, pump.finished = 0, 3, None, {}
+    pump.ctx = types.SimpleNamespace(cfg=None)
+
+    async def takes() -> list[str]:
+        pump.changed = asyncio.Event()
+        pump.finished.update({5: ["late draw, finished first"], 2: ["early draw, finished second"]})
+        got = [await pump._next_group(), await pump._next_group()]
+
+        async def finish_later():
+            await asyncio.sleep(0.01)
+            pump.finished[9] = ["the next to finish"]
+            pump.changed.set()
+
+        waiter = asyncio.create_task(finish_later())
+        got.append(await pump._next_group())
+        await waiter
+        return [g[0] for g in got]
+
+    assert asyncio.run(takes()) == [
+        "early draw, finished second",
+        "late draw, finished first",
+        "the next to finish",
+    ]
+    assert pump.outstanding == 0
 
 
 @pytest.mark.slow

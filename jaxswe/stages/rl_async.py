@@ -8,9 +8,13 @@ judged (rewards, advantages) only when all its episodes are done. Weight updates
 episodes: a running episode continues under the new weights from its next turn, and every sampled
 token keeps the policy version that sampled it (`Episode.policy_versions`).
 
-`take(order, step)` hands the trainer (policy version step - 1) the groups that finished, in
-finishing order, until P of them are informative, within the synchronous loop's budget of P groups
-(P x (1 + rl.max_resample_rounds) with rl.resample_to_fill). A token sampled more than k versions
+`take(order, step)` hands the trainer (policy version step - 1) finished groups until P of them
+are informative, within the synchronous loop's budget of P groups (P x (1 + rl.max_resample_rounds)
+with rl.resample_to_fill): of the groups already done, the first drawn; else the next to finish.
+So the trainer never waits for a straggler while another group is done, and which groups it trains
+on depends on timing only through which are done when it looks, not through their finishing order
+(which favours groups of short episodes): a toy run whose rollouts keep ahead of the trainer
+repeats exactly. A token sampled more than k versions
 behind the trainer is not trained: a group's newer tokens train (a long episode that spans
 several weight updates keeps its recent turns), and a group with no newer token is not trained
 at all (`groups_stale`); every episode's outcome still counts in its group's advantages. The row
@@ -100,7 +104,8 @@ class RolloutPump:
         self.order = order  # drawn ahead of training: includes the problems of outstanding groups
         self.capacity = rl.max_staleness * rl.problems_per_iteration
         self.outstanding = 0
-        self.finished: list[list[Episode]] = []
+        self.drawn = 0  # groups started so far: a group's draw index orders the finished ones
+        self.finished: dict[int, list[Episode]] = {}
         self.tasks: set[asyncio.Task] = set()
         self.changed = asyncio.Event()
         self.error: BaseException | None = None
@@ -114,11 +119,12 @@ class RolloutPump:
             seed = derive_seed(cfg.seed, "rl-async", self.order.to_json())
             (problem,), self.order = next_problems(self.ctx.task_ids, 1, self.order, cfg.seed)
             self.outstanding += 1
-            task = asyncio.get_running_loop().create_task(self._run_group(problem, seed))
+            task = asyncio.get_running_loop().create_task(self._run_group(self.drawn, problem, seed))
+            self.drawn += 1
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    async def _run_group(self, problem: str, seed: int) -> None:
+    async def _run_group(self, index: int, problem: str, seed: int) -> None:
         s, cfg = self.ctx, self.ctx.cfg
         try:
             episodes, _ = await collect_episodes(
@@ -131,7 +137,7 @@ class RolloutPump:
                 concurrency=cfg.env.max_parallel,
                 every_process=False,  # `take` broadcasts the groups it hands the trainer
             )
-            self.finished.append(episodes)
+            self.finished[index] = episodes
         except asyncio.CancelledError:
             raise
         except Exception as err:  # surfaces in the trainer's next take
@@ -146,7 +152,7 @@ class RolloutPump:
             await self.changed.wait()
         self.outstanding -= 1
         self._fill()
-        return self.finished.pop(0)
+        return self.finished.pop(min(self.finished))  # the first drawn of those done
 
     async def take(self, order: DataOrder, step: int) -> tuple[Collected, DataOrder]:
         """The judged groups policy version step - 1 trains on (see the module doc), on every

@@ -277,11 +277,11 @@ def test_toy_rl_max_staleness_1_on_two_processes(tmp_path):
     process 1 writes nothing but its checkpoint shards. The compile cache is off for several CPU
     processes (a cached executable hangs in its first gloo collective)."""
     run = tmp_path / "run"
-    sets = ["rl.iterations=5", "rl.max_staleness=1", "eval.after_stage=false"]
+    sets = ["rl.iterations=3", "rl.max_staleness=1", "eval.after_stage=false"]
     outs = _wait(_start_toy_rl(run, 2, tmp_path / "xla", sets), timeout=800)
     assert "no XLA compile cache with several CPU processes" in outs[0]
     rows = read_rows(run / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["staleness_max"] <= 1 for r in rows) and any(r["staleness_frac_1"] > 0 for r in rows)
     assert sum(r["optimizer_steps"] for r in rows) > 0
     wrote = _written(tmp_path / "logs_2" / "written_1.txt", run)

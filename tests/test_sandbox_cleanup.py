@@ -58,7 +58,9 @@ def test_sigkilled_holder_of_8_docker_sandboxes_leaves_no_container():
     assert proc.stdout.readline().strip() == "ready", proc.communicate()[1][-2000:]
 
     def left():
-        return client.containers.list(all=True, filters={"label": [f"{LABEL}=1", f"jaxswe.run={run}"]})
+        # sparse: no inspect per listed container (one removed between list and inspect would 404)
+        labels = [f"{LABEL}=1", f"jaxswe.run={run}"]
+        return client.containers.list(all=True, sparse=True, filters={"label": labels})
 
     assert len(left()) == 8
     proc.send_signal(signal.SIGKILL)

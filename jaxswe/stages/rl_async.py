@@ -14,13 +14,13 @@ with rl.resample_to_fill): of the groups already done, the first drawn; else the
 So the trainer never waits for a straggler while another group is done, and which groups it trains
 on depends on timing only through which are done when it looks, not through their finishing order
 (which favours groups of short episodes): a toy run whose rollouts keep ahead of the trainer
-repeats exactly. A token sampled more than k versions
-behind the trainer is not trained: a group's newer tokens train (a long episode that spans
-several weight updates keeps its recent turns), and a group with no newer token is not trained
-at all (`groups_stale`); every episode's outcome still counts in its group's advantages. The row
-reports the staleness of the trained tokens (mean, max, fraction at each lag 0..k), the fraction
-of the kept groups' sampled tokens left out as too stale (`staleness_masked_frac`), and
-`time_rollout_s`, the time the trainer waited for groups.
+repeats exactly. A token sampled more than k versions behind the trainer is not trained: a
+group's newer tokens train (a long episode that spans several weight updates keeps its recent
+turns), and a group with no newer token is not trained at all (`groups_stale`); every episode's
+outcome still counts in its group's advantages. The row reports the staleness of the trained
+tokens (mean, max, fraction at each lag 0..k), the fraction of the kept groups' sampled tokens
+left out as too stale (`staleness_masked_frac`), and `time_rollout_s`, the time the trainer
+waited for groups.
 
 The episodes share the event loop with the trainer, whose steps run in a worker thread. With
 several JAX processes the pump runs on process 0, like every rollout (jaxswe.distributed), and
@@ -125,14 +125,14 @@ class RolloutPump:
             task.add_done_callback(self.tasks.discard)
 
     async def _run_group(self, index: int, problem: str, seed: int) -> None:
-        s, cfg = self.ctx, self.ctx.cfg
+        ctx, cfg = self.ctx, self.ctx.cfg
         try:
             episodes, _ = await collect_episodes(
                 [problem] * cfg.rl.group_size,
-                s.make_env,
-                s.backend.engine,
-                s.tokenizer,
-                replace(s.sampling, sampling_seed=seed),
+                ctx.make_env,
+                ctx.backend.engine,
+                ctx.tokenizer,
+                replace(ctx.sampling, sampling_seed=seed),
                 cfg.agent,
                 concurrency=cfg.env.max_parallel,
                 every_process=False,  # `take` broadcasts the groups it hands the trainer

@@ -7,7 +7,8 @@ throughput: configs/toy-rl.yaml with heavy-tailed environment latency (every ste
 sleeps --step-s; 5% of the episodes, drawn per episode, 10x longer), for rl.max_staleness k = 0,
 1, 2 one after another in this process. Reports, over iterations 2.. (the first compiles),
 episodes sampled and trajectories trained per minute of wall time, the trainer's busy fraction
-(time in the DAPO update / iteration time), and each k's ratio to k = 0.
+(time in the DAPO update / iteration time), each k's ratio to k = 0, and the sampled work not
+trained for staleness (groups with no fresh token; kept groups' trajectories with none).
 
 learning: the plain toy config (no latency) for k = 0 and k = 1 per seed; reports the trained
 samples (trajectories_trained, summed) until the pass rate first reaches 0.8, counted up to that
@@ -89,18 +90,20 @@ def throughput(args) -> None:
                 "trainer_busy": sum(r["time_train_s"] for r in rows) / wall,
                 "staleness_mean": sum(r.get("staleness_mean", 0.0) for r in rows) / len(rows),
                 "groups_stale": sum(r.get("groups_stale", 0) for r in rows),
+                "trajectories_stale": sum(r.get("trajectories_stale", 0) for r in rows),
                 "pass_rate_last": rows[-1]["pass_rate"],
             }
             print(json.dumps({"k": k, **out[k]}), flush=True)
     head = "| k | episodes/min | x k=0 | trained/min | x k=0 | trainer busy | mean staleness | stale groups |"
-    print("\n" + head)
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n" + head + " stale trajectories |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for k, r in out.items():
         ratio = r["episodes_per_min"] / out[0]["episodes_per_min"]
         trained = r["trained_per_min"] / out[0]["trained_per_min"]
         print(
             f"| {k} | {r['episodes_per_min']:.0f} | {ratio:.2f} | {r['trained_per_min']:.0f} | "
-            f"{trained:.2f} | {r['trainer_busy']:.2f} | {r['staleness_mean']:.2f} | {r['groups_stale']} |"
+            f"{trained:.2f} | {r['trainer_busy']:.2f} | {r['staleness_mean']:.2f} | {r['groups_stale']} | "
+            f"{r['trajectories_stale']} |"
         )
 
 

@@ -2,23 +2,27 @@
 8 devices: the same params at the end, and a kill -9 of one process mid-iteration survived by a
 restart of both with --resume."""
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+import yaml
 from rl_toy_helpers import toy_tokenizer
 
 from jaxswe.run.metrics import read_rows
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
+TOY_RL = ROOT / "configs" / "toy-rl.yaml"
 pytestmark = pytest.mark.slow
 
 
@@ -163,8 +167,6 @@ def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
     config.json); transformers loads the one directory with the trainer's log-probs. Also (same
     processes): process 0's exception in `on_main` is raised on both processes, which then go
     on in step, and host data that differ between processes are caught on both."""
-    import json
-
     import jax
     import jax.numpy as jnp
     import torch
@@ -206,13 +208,13 @@ def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
 
 
 def _start_toy_rl(
-    run_dir: Path, n: int, cache: Path, sets: list[str] | None = None
+    run_dir: Path, n: int, cache: Path, sets: list[str] | None = None, config: Path = TOY_RL
 ) -> list[subprocess.Popen]:
-    """`jaxswe rl --config configs/toy-rl.yaml` (with `sets`, default TOY_RL_SETS) over 8 CPU devices
-    as n processes, each logging the files it writes to run_dir/../logs_N/written_I.txt
+    """`jaxswe rl --config config` (with `sets`, default TOY_RL_SETS) over 8 CPU devices as n
+    processes, each logging the files it writes to run_dir/../logs_N/written_I.txt
     (mp_audit_child.py)."""
     logs = run_dir.parent / f"logs_{n}"
-    args = ["rl", "--config", str(ROOT / "configs" / "toy-rl.yaml"), "--run-dir", str(run_dir)]
+    args = ["rl", "--config", str(config), "--run-dir", str(run_dir)]
     args += [a for s in (TOY_RL_SETS if sets is None else sets) for a in ("--set", s)]
     if n > 1:
         args += ["--coordinator", f"localhost:{_port()}", "--num-processes", str(n)]
@@ -251,7 +253,7 @@ def test_toy_rl_two_processes_learn_like_one(tmp_path):
     assert [r["loss"] for r in two if "loss" in r] == pytest.approx(
         [r["loss"] for r in one if "loss" in r], rel=1e-4, abs=1e-5
     )
-    cfg = load_config(ROOT / "configs" / "toy-rl.yaml", TOY_RL_SETS)
+    cfg = load_config(TOY_RL, TOY_RL_SETS)
     final = [jax.tree.leaves(policy_from_checkpoint(cfg, runs[n]).params) for n in (1, 2)]
     for a, b in zip(*final, strict=True):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-3)
@@ -269,20 +271,58 @@ def _written(log: Path, run_dir: Path) -> list[Path]:
     return [p.relative_to(run_dir) for p in paths if p.is_relative_to(run_dir)]
 
 
+def _serve(model: Path, port: int, log: Path) -> subprocess.Popen:
+    """`jaxswe serve` of `model` on one CPU device, up and healthy (its output in `log`)."""
+    cmd = [sys.executable, "-m", "jaxswe", "serve", "--model", str(model), "--port", str(port)]
+    server = _spawn([*cmd, "--max-context", "128", "--max-batch", "1"], 1, log.parent / "serve_xla", log)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        assert server.poll() is None, log.read_text()[-3000:]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return server
+        except OSError:
+            time.sleep(0.5)
+    server.kill()
+    raise TimeoutError(f"jaxswe serve on port {port}")
+
+
 @pytest.mark.timeout(900)
-def test_toy_rl_max_staleness_1_on_two_processes(tmp_path):
-    """Async RL (rl.max_staleness 1) through the CLI on 2 x 4 devices: process 0's rollout pump
-    feeds both processes (every training batch is checked to be the same on both: a difference
-    stops the run), the trained tokens are at most one version old and some are one old, and
-    process 1 writes nothing but its checkpoint shards. The compile cache is off for several CPU
-    processes (a cached executable hangs in its first gloo collective)."""
+def test_async_rl_over_http_on_two_processes(tmp_path):
+    """The multi-host user path at toy size: `jaxswe rl` with rl.max_staleness 1 on 2 x 4 devices
+    against `jaxswe serve`. Process 0's rollout pump feeds both processes (every training batch is
+    checked to be the same on both: a difference stops the run); at every sync both processes
+    write their shards of the weights and process 0 alone pauses, loads and continues the server,
+    which ends on the last version; the trained tokens are at most one version old and some are
+    one old; process 1 writes nothing but its checkpoint and weight shards (which process writes
+    which weight file: test_save_hf_from_two_processes_loads_in_transformers). The compile cache is
+    off for several CPU processes (a cached executable hangs in its first gloo collective)."""
+    from test_rl_async_http import ITERATIONS, _starting_model, _toy_http_config
+
+    port = _port()
+    cfg = _toy_http_config(f"http://127.0.0.1:{port}")
+    cfg["eval"] = {"after_stage": False}
+    _starting_model(cfg, tmp_path)
+    (tmp_path / "rl.yaml").write_text(yaml.safe_dump(cfg))
+    server = _serve(tmp_path / "model", port, tmp_path / "serve.txt")
     run = tmp_path / "run"
-    sets = ["rl.iterations=3", "rl.max_staleness=1", "eval.after_stage=false"]
-    outs = _wait(_start_toy_rl(run, 2, tmp_path / "xla", sets), timeout=800)
+    try:
+        outs = _wait(_start_toy_rl(run, 2, tmp_path / "xla", [], config=tmp_path / "rl.yaml"), timeout=800)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_weight_version", timeout=10) as r:
+            served = json.loads(r.read())["weight_version"]
+    finally:
+        server.kill()
+        server.wait()
+    log = (tmp_path / "serve.txt").read_text()
+    assert served == str(ITERATIONS), log[-2000:]
+    updates = [line for line in log.splitlines() if "update_weights_from_disk(" in line]
+    assert len(updates) == log.count("continue_generation") == ITERATIONS + 1, log[-3000:]
     assert "no XLA compile cache with several CPU processes" in outs[0]
     rows = read_rows(run / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == list(range(1, ITERATIONS + 1))
     assert all(r["staleness_max"] <= 1 for r in rows) and any(r["staleness_frac_1"] > 0 for r in rows)
     assert sum(r["optimizer_steps"] for r in rows) > 0
-    wrote = _written(tmp_path / "logs_2" / "written_1.txt", run)
+    wrote = _written(tmp_path / "logs_2" / "written_1.txt", run)  # Python's writes: not safetensors'
     assert wrote and all(p.parts[0] == "checkpoints" for p in wrote), wrote
+    shards = sorted(p.name for p in (run / "weights").glob("*.safetensors"))  # one a process
+    assert shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"], shards

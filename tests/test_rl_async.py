@@ -174,7 +174,9 @@ def test_stale_tokens_are_not_trained_and_staleness_is_measured():
     assert stats["staleness_frac_0"] == pytest.approx(1 / 4) and stats["staleness_frac_2"] == pytest.approx(
         3 / 4
     )
-    assert stats["staleness_frac_1"] == 0.0
+    assert stats["staleness_frac_1"] == 0.0 and stats["trajectories_stale"] == 0
+    # an all-stale trajectory in a kept group is counted; dropped groups are not
+    assert staleness_stats([spans + stale, stale], [True, False], 4, 2)["trajectories_stale"] == 2
 
     groups = [spans, [ep([-1, 1, 1], True), ep([-1, 3], False)]]
     rewards = [[1.0, 0.0], [1.0, 0.0]]

@@ -79,16 +79,20 @@ def trainable(group: list[Episode], min_version: int) -> bool:
 
 def staleness_stats(groups: list[list[Episode]], kept: list[bool], version: int, k: int) -> dict[str, Any]:
     """Staleness of the kept groups' sampled tokens behind the trainer's `version`: of the trained
-    ones (lag <= k: mean, max, fraction at each lag 0..k), and the fraction not trained for being
-    more than k behind (`staleness_masked_frac`)."""
-    lags = version - np.concatenate(
-        [sampled_versions(g) for g, keep in zip(groups, kept, strict=True) if keep] or [np.zeros(0, np.int64)]
-    )
+    ones (lag <= k: mean, max, fraction at each lag 0..k), the fraction not trained for being more
+    than k behind (`staleness_masked_frac`), and the kept groups' scored trajectories left out
+    whole, every sampled token too stale (`trajectories_stale`: typically the quick episodes of a
+    group that waited for a straggler)."""
+    chosen = [g for g, keep in zip(groups, kept, strict=True) if keep]
+    lags = version - np.concatenate([sampled_versions(g) for g in chosen] or [np.zeros(0, np.int64)])
     trained = lags[lags <= k]
     out: dict[str, Any] = {
         "staleness_mean": float(trained.mean()) if trained.size else 0.0,
         "staleness_max": int(trained.max()) if trained.size else 0,
         "staleness_masked_frac": float((lags > k).mean()) if lags.size else 0.0,
+        "trajectories_stale": sum(
+            1 for g in chosen for e in g if e.infra_error is None and not trainable([e], version - k)
+        ),
     }
     for lag in range(k + 1):
         out[f"staleness_frac_{lag}"] = float((trained == lag).mean()) if trained.size else 0.0

@@ -377,7 +377,13 @@ def run_rl(ctx: StageContext, *, resume: bool, history: History | None = None) -
 
             pump = RolloutPump(ctx, order)
             collect = pump.take
-        bar = tqdm(range(start, cfg.rl.iterations), desc="rl", initial=start, total=cfg.rl.iterations)
+        bar = tqdm(
+            range(start, cfg.rl.iterations),
+            desc="rl",
+            initial=start,
+            total=cfg.rl.iterations,
+            disable=not is_main(),  # one progress bar per run, not per process
+        )
         try:
             for it in bar:
                 step = it + 1

@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from jaxswe.config import SFTSection
 from jaxswe.data.packing import Sequence, pack_sequences, pad_rows
+from jaxswe.distributed import is_main
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.stages.trainer import Trainer
 
@@ -46,7 +47,7 @@ def run_sft(
     stream: list[int] = []
     rows = []
     rows_per_step = 0
-    for step in tqdm(range(steps), desc=desc, initial=start_step, total=steps):
+    for step in tqdm(range(steps), desc=desc, initial=start_step, total=steps, disable=not is_main()):
         while len(stream) < sft.batch_size:
             stream += rng.permutation(len(sequences)).tolist()
         chosen, stream = stream[: sft.batch_size], stream[sft.batch_size :]

@@ -30,6 +30,8 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
+
 os.environ.pop("XLA_FLAGS", None)
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -143,6 +145,13 @@ def learning(args) -> None:
     ratio = lambda a, b: f"{b / a:.2f}" if a and b else "n/a"
     for seed, a, b in table:
         print(f"| {seed} | {a[0]} / {a[1]} | {b[0]} / {b[1]} | {ratio(a[0], b[0])} / {ratio(a[1], b[1])} |")
+    reached = [sum(n[i][0] is not None for n in table) for i in (1, 2)]
+    print(f"\nreached 0.8 at {reached[0]} of {len(table)} seeds with k=0, at {reached[1]} with k=1")
+    both = [b[0] / a[0] for _, a, b in table if a[0] and b[0]]
+    if both:
+        within = sum(r <= 1.2 for r in both)
+        median = np.median(both)
+        print(f"where both did, k=1 / k=0 (by row): median {median:.2f}, <= 1.2 at {within} of {len(both)}")
 
 
 def main() -> None:

@@ -131,6 +131,7 @@ def learning(args) -> None:
             need = {}
             for k in (0, 1):
                 sets = [f"seed={seed}", f"rl.iterations={args.iterations}", f"rl.max_staleness={k}"]
+                sets += ["eval.after_stage=false"]
                 sets += args.set
                 rows = run(Path(tmp) / f"s{seed}k{k}", sets)
                 need[k] = samples_to(rows, 0.8)
@@ -140,12 +141,17 @@ def learning(args) -> None:
                     flush=True,
                 )
             table.append((seed, need[0], need[1]))
+    print_learning(table)
+
+
+def print_learning(table: list[tuple[int, tuple, tuple]]) -> None:
+    """The learning table (seed, k = 0's samples_to, k = 1's) and its summary over the seeds."""
     print("\n| seed | samples to 0.8, k=0 (by row / by version) | k=1 | k=1 / k=0 (by row / by version) |")
     print("|---|---|---|---|")
     ratio = lambda a, b: f"{b / a:.2f}" if a and b else "n/a"
     for seed, a, b in table:
         print(f"| {seed} | {a[0]} / {a[1]} | {b[0]} / {b[1]} | {ratio(a[0], b[0])} / {ratio(a[1], b[1])} |")
-    reached = [sum(n[i][0] is not None for n in table) for i in (1, 2)]
+    reached = [sum(row[i][0] is not None for row in table) for i in (1, 2)]
     print(f"\nreached 0.8 at {reached[0]} of {len(table)} seeds with k=0, at {reached[1]} with k=1")
     both = [b[0] / a[0] for _, a, b in table if a[0] and b[0]]
     if both:

@@ -131,8 +131,7 @@ def learning(args) -> None:
             need = {}
             for k in (0, 1):
                 sets = [f"seed={seed}", f"rl.iterations={args.iterations}", f"rl.max_staleness={k}"]
-                sets += ["eval.after_stage=false"]
-                sets += args.set
+                sets += ["eval.after_stage=false", *args.set]
                 rows = run(Path(tmp) / f"s{seed}k{k}", sets)
                 need[k] = samples_to(rows, 0.8)
                 rates = [round(r["pass_rate"], 2) for r in rows]

@@ -1,7 +1,7 @@
 """Async RL against the synchronous loop, in one run: stragglers, throughput, and learning.
 
     python bench/bench_async.py throughput [--iterations 8] [--step-s 1.0]
-    python bench/bench_async.py learning [--seeds 0 1 2] [--iterations 30]
+    python bench/bench_async.py learning [--seeds 0 1 2] [--iterations 30] [--set K=V] [--no-overlap]
 
 throughput: configs/toy-rl.yaml with heavy-tailed environment latency (every step of an episode
 sleeps --step-s; 5% of the episodes, drawn per episode, 10x longer), for rl.max_staleness k = 0,
@@ -14,6 +14,9 @@ learning: the plain toy config (no latency) for k = 0 and k = 1 per seed; report
 samples (trajectories_trained, summed) until the pass rate first reaches 0.8, counted up to that
 row and up to the policy version that sampled it (see samples_to), and k = 1's ratio to k = 0
 (goal: <= 1.2). --set adds a config override to every run (e.g. --set optimizer.lr=1e-3).
+--no-overlap (a diagnostic) runs k = 1's pump with new groups started only after each weight
+sync, so every token is sampled by the newest version: it measures how far the pump's own
+sampling seeds alone move the result from k = 0's at staleness 0.
 
 Runs on one CPU device (XLA_FLAGS unset); prints one JSON line per run and a summary table.
 """
@@ -21,6 +24,7 @@ Runs on one CPU device (XLA_FLAGS unset); prints one JSON line per run and a sum
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -38,7 +42,9 @@ sys.path.insert(0, str(ROOT))
 
 from jaxswe.config import load_config  # noqa: E402
 from jaxswe.run.metrics import read_rows  # noqa: E402
+from jaxswe.stages import rl_async  # noqa: E402
 from jaxswe.stages.context import open_stage  # noqa: E402
+from jaxswe.stages.rollouts import EmbeddedBackend  # noqa: E402
 from jaxswe.stages.stages import run_rl_stage  # noqa: E402
 
 CONFIG = ROOT / "configs" / "toy-rl.yaml"
@@ -68,6 +74,40 @@ def straggler_factory(make_env, step_s: float, slow_p: float, seed: int):
         return StragglerEnv(make_env(task_id), step_s, slow)
 
     return make
+
+
+@contextlib.contextmanager
+def pump_without_overlap():
+    """While active, the async loop's pump starts groups only after a weight sync (the embedded
+    engine's), not while the trainer works: k = 1's bookkeeping at staleness 0."""
+    live = []
+
+    class NoOverlapPump(rl_async.RolloutPump):
+        def __init__(self, ctx, order):
+            self.at_sync = True  # the first groups start at once, as in every pump
+            super().__init__(ctx, order)
+            self.at_sync = False
+            live.append(self)
+
+        def _fill(self) -> None:
+            if self.at_sync:
+                super()._fill()
+
+    synced = EmbeddedBackend.sync_weights
+
+    async def sync_then_fill(self, params, export_dir, *, version):
+        await synced(self, params, export_dir, version=version)
+        for pump in live:
+            pump.at_sync = True
+            pump._fill()
+            pump.at_sync = False
+
+    saved = rl_async.RolloutPump
+    rl_async.RolloutPump, EmbeddedBackend.sync_weights = NoOverlapPump, sync_then_fill
+    try:
+        yield
+    finally:
+        rl_async.RolloutPump, EmbeddedBackend.sync_weights = saved, synced
 
 
 def run(run_dir: Path, sets: list[str], *, step_s: float = 0.0) -> list[dict]:
@@ -132,7 +172,8 @@ def learning(args) -> None:
             for k in (0, 1):
                 sets = [f"seed={seed}", f"rl.iterations={args.iterations}", f"rl.max_staleness={k}"]
                 sets += ["eval.after_stage=false", *args.set]
-                rows = run(Path(tmp) / f"s{seed}k{k}", sets)
+                with pump_without_overlap() if k and args.no_overlap else contextlib.nullcontext():
+                    rows = run(Path(tmp) / f"s{seed}k{k}", sets)
                 need[k] = samples_to(rows, 0.8)
                 rates = [round(r["pass_rate"], 2) for r in rows]
                 print(
@@ -169,6 +210,7 @@ def main() -> None:
     lr.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     lr.add_argument("--iterations", type=int, default=30)
     lr.add_argument("--set", action="append", default=[], help="a config override for every run")
+    lr.add_argument("--no-overlap", action="store_true", help="k = 1 at staleness 0 (a diagnostic)")
     args = parser.parse_args()
     throughput(args) if args.what == "throughput" else learning(args)
 

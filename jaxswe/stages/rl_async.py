@@ -13,14 +13,16 @@ are informative, within the synchronous loop's budget of P groups (P x (1 + rl.m
 with rl.resample_to_fill): of the groups already done, the first drawn; else the next to finish.
 So the trainer never waits for a straggler while another group is done, and which groups it trains
 on depends on timing only through which are done when it looks, not through their finishing order
-(which favours groups of short episodes): a toy run whose rollouts keep ahead of the trainer
-repeats exactly. A token sampled more than k versions behind the trainer is not trained: a
-group's newer tokens train (a long episode that spans several weight updates keeps its recent
-turns), and a group with no newer token is not trained at all (`groups_stale`); every episode's
-outcome still counts in its group's advantages. The row reports the staleness of the trained
-tokens (mean, max, fraction at each lag 0..k), the fraction of the kept groups' sampled tokens
-left out as too stale (`staleness_masked_frac`), and `time_rollout_s`, the time the trainer
-waited for groups.
+(which favours groups of short episodes); it trains on them in draw order. At the default budget
+(P groups, the k x P outstanding with k = 1) every take is the P groups drawn during the previous
+one, whatever their finishing order, so a run repeats exactly. A token sampled more than k
+versions behind the trainer is not trained: a group's newer tokens train (a long episode that
+spans several weight updates keeps its recent turns), and a group with no newer token is not
+trained at all (`groups_stale`); every episode's outcome still counts in its group's advantages.
+The row reports the staleness of the trained tokens (mean, max, fraction at each lag 0..k), the
+fraction of the kept groups' sampled tokens left out as too stale (`staleness_masked_frac`) and
+the trajectories left out whole (`trajectories_stale`), and `time_rollout_s`, the time the
+trainer waited for groups.
 
 The episodes share the event loop with the trainer, whose steps run in a worker thread. With
 several JAX processes the pump runs on process 0, like every rollout (jaxswe.distributed), and
@@ -148,7 +150,8 @@ class RolloutPump:
             self.error = err
         self.changed.set()
 
-    async def _next_group(self) -> list[Episode]:
+    async def _next_group(self) -> tuple[int, list[Episode]]:
+        """(draw index, episodes) of the first drawn of the groups done (waits for one if none is)."""
         while not self.finished:
             if self.error is not None:
                 raise self.error
@@ -156,7 +159,8 @@ class RolloutPump:
             await self.changed.wait()
         self.outstanding -= 1
         self._fill()
-        return self.finished.pop(min(self.finished))  # the first drawn of those done
+        index = min(self.finished)
+        return index, self.finished.pop(index)
 
     async def take(self, order: DataOrder, step: int) -> tuple[Collected, DataOrder]:
         """The judged groups policy version step - 1 trains on (see the module doc), on every
@@ -168,16 +172,20 @@ class RolloutPump:
         version, k, want = step - 1, rl.max_staleness, rl.problems_per_iteration
         budget = want * (1 + (rl.max_resample_rounds if rl.resample_to_fill else 0))
         t0 = time.perf_counter()
-        groups, rewards, fresh = [], [], []
+        drawn, groups, rewards, fresh = [], [], [], []
         while len(groups) < budget:
-            group = await self._next_group()
+            index, group = await self._next_group()
             check_versioned(group)
+            drawn.append(index)
             groups.append(group)
             rewards.append(group_rewards(group, cfg))
             fresh.append(trainable(group, version - k))
             kept = [a and b for a, b in zip(judge(groups, rewards).kept, fresh, strict=True)]
             if sum(kept) >= want:
                 break
+        # in draw order, whichever finished first: the batches do not depend on timing
+        by_draw = np.argsort(drawn)
+        groups, rewards, fresh = ([xs[i] for i in by_draw] for xs in (groups, rewards, fresh))
         result = judge(groups, rewards)
         kept = first_kept([a and b for a, b in zip(result.kept, fresh, strict=True)], want)
         timings = Counter(

@@ -59,7 +59,7 @@ def rl_trainer(cfg: RunConfig, policy: Policy) -> Trainer:
         eps_low=rl.eps_low,
         eps_high=rl.eps_high,
         entropy_coef=rl.entropy_coef,
-        tis_cap=rl.tis_cap if rl.tis_correction else None,
+        tis_cap=rl.tis_cap if rl.tis_on else None,
         sequence_mask=rl.sequence_mask,
         mask_threshold=rl.mask_threshold,
         mesh_cfg=cfg.mesh,

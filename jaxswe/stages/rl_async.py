@@ -18,11 +18,12 @@ on depends on timing only through which are done when it looks, not through thei
 one, whatever their finishing order, so a run repeats exactly. A token sampled more than k
 versions behind the trainer is not trained: a group's newer tokens train (a long episode that
 spans several weight updates keeps its recent turns), and a group with no newer token is not
-trained at all (`groups_stale`); every episode's outcome still counts in its group's advantages.
-The row reports the staleness of the trained tokens (mean, max, fraction at each lag 0..k), the
-fraction of the kept groups' sampled tokens left out as too stale (`staleness_masked_frac`) and
-the trajectories left out whole (`trajectories_stale`), and `time_rollout_s`, the time the
-trainer waited for groups.
+trained at all (`groups_stale`); every episode's outcome still counts in its group's advantages,
+and the loss weighs each token by truncated importance sampling (rl.tis_correction, on for k > 0
+unless set false). The row reports the staleness of the trained tokens (mean, max, fraction at
+each lag 0..k), the fraction of the kept groups' sampled tokens left out as too stale
+(`staleness_masked_frac`) and the trajectories left out whole (`trajectories_stale`), and
+`time_rollout_s`, the time the trainer waited for groups.
 
 The episodes share the event loop with the trainer, whose steps run in a worker thread. With
 several JAX processes the pump runs on process 0, like every rollout (jaxswe.distributed), and

@@ -1,39 +1,53 @@
 """Grading a patch in a FRESH sandbox: resolved only if every FAIL_TO_PASS and PASS_TO_PASS test passes.
 
-1. The patch must parse with git and every file section needs a `diff --git` header
-   (envs.patches); it is applied with `git apply --index` only (no fuzzy fallback), so the files
-   it changed are read back from git's own index, never from a hand-written diff parser.
-2. Every change to a protected path (envs.patches: tests, conftest.py, runner configuration,
-   .pth / sitecustomize, new runner-shadowing or compiled modules; pyproject.toml when its
-   `[tool.pytest...]` tables change) is reset to the base state and named in `dropped_paths`.
-3. The remaining change is scanned for tampering (code that reaches into the runner's internals,
-   defines pytest hooks or plugins, registers exit hooks, or names report files): a tampering
-   patch is not resolved and its `tamper` lists why.
-4. test_patch is applied. If it does not apply, the grader checks it against the clean base: if it
+The grading environment is the task's own: its import root, its pytest plugins, its config. Code
+the patch adds runs inside the test process, so nothing that process reports is trusted on its
+own: canary tests (envs.canaries) planted after the patch must come back as expected, else the
+result was forged. The other layers are tripwires and hygiene on top:
+
+1. Before the patch, a preflight (`--help` with the grader's plugin) checks that the runner starts
+   on the clean base: if it does not (a plugin the config needs is missing, the environment is
+   broken), the test command cannot start, an infrastructure failure (`error`), never reward 0.
+2. The patch must parse with git and every file section needs a `diff --git` header
+   (envs.patches); it is applied with `git apply --index`, else (as SWE-bench does) with
+   `patch --fuzz=5` when its `+++` names agree with git's, so the files it changed are read back
+   from git's own index, never from a hand-written diff parser.
+3. Every change to a protected path (envs.patches: tests, conftest.py, runner configuration,
+   .gitattributes, start-up hooks, new modules shadowing the runner or the stdlib at an import
+   root, importable binaries) is reset to the base state and named in `dropped_paths`.
+4. The remaining change, every byte of it (attributes and textconv ignored), is scanned for
+   tampering (code that reaches into the runner's internals, registers exit hooks, names report
+   files): flagged in `tamper`, never resolved.
+5. test_patch is applied. If it does not apply, the grader checks it against the clean base: if it
    does not apply there either, the task is broken (`error`, excluded); else the patch broke it (0).
-5. A pytest command runs with the grader's own configuration: `-c` the project's (reset) config
-   file or an empty one, `--rootdir` the checkout, plugin autoload off, `-p no:cacheprovider`,
-   PYTHONSAFEPATH, and the grader's plugin (envs.grader_plugin) whose JSON-lines report is the
-   only source of results. The verdict needs the report's session end and the runner's exit
-   status to agree. Other commands are parsed from their log by the task's named parser.
-6. A graded test missing from the results failed. Before the patch, a preflight (`--help` with
-   the grader's plugin) checks that the runner starts on the clean base; if it does not, the test
-   command cannot start: an infrastructure failure (`error`). A run the patch stops before the
-   plugin loads is the patch's failure.
+6. Canaries go into every graded test file. A pytest command runs with `-c` the project's (reset)
+   config file or an empty one, `--rootdir` the checkout, `-p no:cacheprovider`, `--maxfail=0`,
+   only the grader's directory on PYTHONPATH (its plugin, envs.grader_plugin, puts the task's
+   path back once pytest is imported) and `python -m pytest` started through the grader's launcher,
+   so the checkout is never first on sys.path while pytest imports itself. The plugin's JSON-lines
+   report is the source of results; the verdict needs its session end and the exit status to agree.
+   Other commands are parsed from their log by the task's named parser.
+7. Verdict: a test's status is its call phase's (setup only: MISSING; a test past the per-test
+   timeout: FAILED); a graded test missing from the results failed; with reference statuses (the
+   gold run's, recorded at validation) XFAIL and SKIPPED count only where gold had them; any canary
+   not as expected: reward 0, `tamper` ("forged result"), the canary named in the reason.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
+import secrets
 import shlex
 import tomllib
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from envs.backends import open_sandbox
+from envs.canaries import Canary, plant, runner_style, wrong
 from envs.errors import SandboxError
 from envs.parsers import (
     ERROR,
@@ -47,14 +61,17 @@ from envs.parsers import (
     graded_failures,
     status_of,
 )
-from envs.patches import PatchError, check_git_sections, is_protected, patch_files
+from envs.patches import IMPORTABLE_SUFFIXES, PatchError, check_git_sections, is_protected, patch_files
 from envs.sandbox import Sandbox
 from envs.tasks import Task
 
-DEFAULT_TEST_TIMEOUT_S = 1800.0
-REPORT_LIMIT = 64 << 20  # bytes of the grader's report read back at most
-_PYTEST_RE = re.compile(r"^\s*(?:\w+=\S*\s+)*(python3?\s+-m\s+)?pytest(?:\s|$)")
+DEFAULT_TEST_TIMEOUT_S = 600.0  # one whole test run
+DEFAULT_CASE_TIMEOUT_S = 120.0  # one test's call phase (pytest)
+REPORT_LIMIT = 16 << 20  # bytes of the grader's report read back at most (a longer one is not read)
+FORGED = "forged result"
+_PYTEST_RE = re.compile(r"^\s*(?:\w+=\S*\s+)*(?P<py>python3?\s+-m\s+pytest|pytest)(?:\s|$)")
 _PLUGIN_SOURCE = Path(__file__).with_name("grader_plugin.py")
+_LAUNCHER = "import sys\n\nimport pytest\n\nsys.exit(getattr(pytest, 'console_main', pytest.main)())\n"
 _NOT_STARTED = "the test command cannot start"
 # Added code that tampers with the runner or its report. Runner-internal names are exempt in a
 # project that tracks the runner itself (pytest's own repository).
@@ -68,13 +85,15 @@ _RUNNER_INTERNALS = next(iter(_TAMPER))
 _CONFIG_ORDER = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini",
                  "setup.cfg")  # fmt: skip
 _RANK = {PASSED: 0, XFAIL: 0, SKIPPED: 1, FAILED: 2, ERROR: 3, MISSING: 4}
+_GIT = "git -c core.quotepath=false -c core.attributesFile=/dev/null"
 
 
 @dataclass(frozen=True)
 class GradeResult:
     """`tests`: status of every test the run reported, plus MISSING for graded tests it did not.
     `error`: the task or infrastructure failed (not the agent); such results are excluded, not scored 0.
-    `tamper`: why the patch was flagged as tampering with the grader (never resolved)."""
+    `tamper`: why the patch was flagged as tampering with the grader (never resolved).
+    `canaries`: how many canary tests the run held (0: graded without them, `reason` or `notes` say why)."""
 
     resolved: bool
     tests: dict[str, str]
@@ -84,10 +103,12 @@ class GradeResult:
     dropped_paths: tuple[str, ...] = ()
     error: bool = False
     tamper: tuple[str, ...] = ()
+    canaries: int = 0
+    notes: tuple[str, ...] = ()
 
 
 def _git(sandbox: Sandbox, args: str, timeout: float = 120) -> tuple[bool, str]:
-    done = sandbox.exec(f"git -c core.quotepath=false {args} 2>&1", timeout=timeout)
+    done = sandbox.exec(f"{_GIT} {args} 2>&1", timeout=timeout)
     return done.exit_code == 0 and not done.timed_out, done.output
 
 
@@ -109,18 +130,42 @@ def _pytest_tables(text: str) -> Any:
         return "unparseable"
 
 
-def _protected_changes(sandbox: Sandbox, changes: list[tuple[str, str]], test_files: set[str]) -> list[str]:
-    """The changed paths to reset: protected ones, and pyproject.toml files whose pytest tables changed."""
+def _binaries(sandbox: Sandbox, paths: list[str]) -> list[str]:
+    """Those of `paths` (files the patch added or changed) that are importable and not text."""
+    code = [p for p in paths if p.endswith(IMPORTABLE_SUFFIXES)]
+    if not code:
+        return []
+    listed = " ".join(shlex.quote(p) for p in code)
+    found = sandbox.exec(
+        f'for f in {listed}; do [ -f "$f" ] && [ -s "$f" ] && ! grep -qI \'\' "$f" && printf \'%s\\n\' "$f"; '
+        "done; true",
+        timeout=60,
+    )
+    return [p for p in found.output.splitlines() if p in code]
+
+
+def _protected_changes(
+    sandbox: Sandbox, changes: list[tuple[str, str]], test_files: set[str], import_roots: tuple[str, ...]
+) -> list[str]:
+    """The changed paths to reset: protected ones, importable binaries, and pyproject.toml files
+    whose pytest tables changed."""
     dropped = []
     for status, path in changes:
-        if is_protected(path, test_files, new=status == "A"):
+        if is_protected(path, test_files, new=status == "A", import_roots=import_roots):
             dropped.append(path)
-        elif Path(path).name == "pyproject.toml" and status != "D":
+        elif PurePosixPath(path).name == "pyproject.toml" and status != "D":
             base = sandbox.exec(f"git show HEAD:{shlex.quote(path)}", timeout=30)
             old = _pytest_tables(base.output) if base.exit_code == 0 else None
             if old != _pytest_tables(_read(sandbox, path)):
                 dropped.append(path)
-    return dropped
+    kept = [p for s, p in changes if s != "D" and p not in dropped]
+    return dropped + _binaries(sandbox, kept)
+
+
+def _import_roots(sandbox: Sandbox) -> tuple[str, ...]:
+    """Where a new top-level module would be importable: the root, and `src/` in a src layout."""
+    has_src = sandbox.exec("git ls-files -- 'src/*.py' 'src/*/__init__.py' | head -1", timeout=30).output
+    return (".", "src") if has_src.strip() else (".",)
 
 
 def _read(sandbox: Sandbox, path: str) -> str:
@@ -151,6 +196,28 @@ def tamper_reasons(diff: str, *, runner_exempt: bool = False) -> tuple[str, ...]
     )
 
 
+def _apply_patch(sandbox: Sandbox, patch: str) -> tuple[bool, str]:
+    """`git apply --index`, else `patch --fuzz=5` (SWE-bench's fallback) when the patch's `---`/`+++`
+    names are git's own (so both tools change the same files), its files then staged by name."""
+    name = f".git/jaxswe-{uuid.uuid4().hex}.diff"
+    sandbox.write_file(name, patch)
+    ok, out = _git(sandbox, f"update-index -q --refresh; {_GIT} apply --index --whitespace=nowarn -v {name}")
+    if ok:
+        return True, out
+    paths = set(patch_files(patch))
+    named = {ln[6:].rstrip("\n") for ln in patch.splitlines() if ln.startswith(("+++ b/", "--- a/"))}
+    if not named or not named <= paths or any(c in "".join(paths) for c in '"\\\t\n'):
+        return False, out
+    done = sandbox.exec(
+        f"patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -r - -i {name} 2>&1", timeout=120
+    )
+    if done.exit_code != 0:
+        sandbox.exec("git checkout -q -- . 2>/dev/null; git clean -fdq 2>/dev/null", timeout=120)
+        return False, out + done.output
+    staged, log = _git(sandbox, "add -A -f -- " + " ".join(shlex.quote(p) for p in sorted(paths)))
+    return staged, out + done.output + log
+
+
 def _apply_test_patch(sandbox: Sandbox, test_patch: str) -> tuple[bool, bool, str]:
     """(applied, applies to the clean base, log)."""
     name = f".git/jaxswe-{uuid.uuid4().hex}.diff"
@@ -160,7 +227,7 @@ def _apply_test_patch(sandbox: Sandbox, test_patch: str) -> tuple[bool, bool, st
     if not ok:
         idx = f".git/jaxswe-{uuid.uuid4().hex}.index"
         clean, _ = _git(sandbox, f"read-tree --index-output={idx} HEAD && GIT_INDEX_FILE={idx} "
-                                 f"git apply --cached --check {name}")  # fmt: skip
+                                 f"{_GIT} apply --cached --check {name}")  # fmt: skip
     return ok, clean, log
 
 
@@ -182,30 +249,62 @@ def _config_file(sandbox: Sandbox) -> str | None:
     return None
 
 
-def build_test_command(task: Task, private_dir: str | None, config: str | None = None) -> tuple[str, dict]:
-    """(command, extra environment): a pytest command gets the grader's configuration and plugin."""
+def _via_plugin(command: str) -> bool:
+    """Whether `command` is a plain pytest command (run with the grader's plugin), not a shell line."""
+    return bool(_PYTEST_RE.match(command)) and not re.search(r"[;&|<>`$\n]", command)
+
+
+def build_test_command(
+    task: Task, private_dir: str | None, config: str | None = None, extra_ids: tuple[str, ...] = ()
+) -> tuple[str, dict]:
+    """(command, extra environment): a pytest command gets the grader's configuration, launcher and
+    plugin (see the module docstring); `extra_ids` (canaries) are added where the command names
+    single tests."""
     command = task.test_command
-    m = _PYTEST_RE.match(command)
-    if private_dir is None or not m or re.search(r"[;&|<>`$\n]", command):
+    if private_dir is None or not _via_plugin(command):
         return command, {}
+    m = _PYTEST_RE.match(command)
     ini = config or f"{private_dir}/pytest.ini"
-    env = {"JAXSWE_GRADER_REPORT": f"{private_dir}/report.jsonl", "PYTHONSAFEPATH": "1"}
-    if m.group(1):
+    env = {"JAXSWE_GRADER_REPORT": f"{private_dir}/report.jsonl"}
+    if m.group("py") != "pytest":  # python -m pytest: the launcher, then the cwd on sys.path
+        python = m.group("py").split()[0]
+        command = (
+            command[: m.start("py")] + f"{python} {private_dir}/jaxswe_pytest.py" + command[m.end("py") :]
+        )
         env["JAXSWE_GRADER_CWD"] = "1"
-    extra = f" -c {shlex.quote(ini)} --rootdir=. -p no:cacheprovider -p jaxswe_grader"
+    if extra_ids and "::" in " ".join(task.test_directives):
+        command += " " + " ".join(shlex.quote(i) for i in extra_ids)
+    extra = f" -c {shlex.quote(ini)} --rootdir=. -p no:cacheprovider --maxfail=0 -p jaxswe_grader"
     return command + extra, env
 
 
 def _env_prefix(env: dict[str, str], private_dir: str) -> str:
-    pairs = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": private_dir, **env}
-    unset = "unset PYTEST_ADDOPTS PYTEST_PLUGINS PYTHONSTARTUP PYTHONHOME; "
-    return unset + " ".join(f"{k}={shlex.quote(v)}" for k, v in pairs.items()) + " "
+    """The task's environment as it is (plugins, PYTHONPATH handed to the plugin), and the grader's
+    directory alone on PYTHONPATH while pytest starts."""
+    keep = 'JAXSWE_GRADER_PATH="${PYTHONPATH-}" '
+    pairs = {"PYTHONPATH": private_dir, **env}
+    unset = "unset PYTEST_ADDOPTS PYTEST_PLUGINS PYTHONSTARTUP PYTHONHOME PYTHONSAFEPATH; "
+    return unset + keep + " ".join(f"{k}={shlex.quote(v)}" for k, v in pairs.items()) + " "
 
 
-def parse_report(text: str) -> tuple[dict[str, str], dict[str, str], bool, int | None]:
-    """The grader plugin's JSON lines -> (status per test, messages, started, final exit status)."""
-    tests: dict[str, str] = {}
+@dataclass(frozen=True)
+class Report:
+    """The grader plugin's report: status per test, messages, failed collectors, start and finish."""
+
+    tests: dict[str, str]
+    messages: dict[str, str]
+    collect_errors: frozenset[str]
+    started: bool
+    exitstatus: int | None
+
+
+def parse_report(text: str) -> Report:
+    """The grader plugin's JSON lines -> Report. A test's status is its call phase's; a setup that
+    failed or skipped gives ERROR or SKIPPED; a setup with no call is MISSING; a failed teardown
+    makes it ERROR; a phase that raised while its report says passed is FAILED."""
+    phases: dict[str, dict[str, str]] = {}
     messages: dict[str, str] = {}
+    collect: set[str] = set()
     started, exitstatus = False, None
     for line in text.splitlines():
         try:
@@ -217,67 +316,135 @@ def parse_report(text: str) -> tuple[dict[str, str], dict[str, str], bool, int |
             started = True
         elif event == "finish":
             exitstatus = rec.get("exitstatus")
-        elif event == "test":
-            status = _status(rec)
+        elif event == "collect":
+            collect.add(str(rec.get("nodeid")))
+        elif event == "test" and rec.get("when") in ("setup", "call", "teardown"):
             node = str(rec.get("nodeid"))
-            if node not in tests or _RANK[status] > _RANK[tests[node]]:
-                tests[node] = status
-                if rec.get("message"):
-                    messages[node] = str(rec["message"])
-    return tests, messages, started, exitstatus
+            status = _status(rec)
+            seen = phases.setdefault(node, {})
+            if _RANK[status] >= _RANK.get(seen.get(rec["when"], PASSED), 0):
+                seen[rec["when"]] = status
+            if rec.get("message") and status not in PASSING:
+                messages[node] = str(rec["message"])
+    tests = {node: _test_status(p) for node, p in phases.items()}
+    return Report(tests, messages, frozenset(collect), started, exitstatus)
 
 
 def _status(rec: dict) -> str:
     outcome, when = rec.get("outcome"), rec.get("when")
     if outcome == "passed":
-        if rec.get("raised"):  # the phase raised but its report says passed: rewritten
-            return FAILED
-        return PASSED
+        return FAILED if rec.get("raised") else PASSED  # raised, but the report says passed: rewritten
     if outcome == "skipped":
         return XFAIL if rec.get("xfail") else SKIPPED
     return FAILED if when == "call" else ERROR
 
 
+def _test_status(phases: dict[str, str]) -> str:
+    if "call" in phases:
+        status = phases["call"]
+    elif phases.get("setup", PASSED) != PASSED:
+        status = phases["setup"]
+    else:
+        status = MISSING  # set up but never called: killed or hung in between
+    if phases.get("teardown", PASSED) in (FAILED, ERROR) and status != MISSING:
+        status = ERROR
+    return status
+
+
 def _preflight(sandbox: Sandbox, task: Task, private: str) -> GradeResult | None:
-    """On the clean base, before the patch: the runner starts and loads the grader's plugin (`--help`
-    loads `-p` plugins), else the test command cannot start: an infrastructure failure."""
+    """On the clean base, before the patch: the runner starts, loads the grader's plugin and takes
+    the config's options (`--help` loads every plugin), else the test command cannot start."""
     sandbox.write_file(f"{private}/pytest.ini", "[pytest]\n")
     sandbox.write_file(f"{private}/jaxswe_grader.py", _PLUGIN_SOURCE.read_text())
+    sandbox.write_file(f"{private}/jaxswe_pytest.py", _LAUNCHER)
     command, env = build_test_command(task, private, _config_file(sandbox))
     if not env:
         return None
     run = sandbox.exec(_env_prefix(env, private) + command + " --help", timeout=300)
-    started = parse_report(_read(sandbox, f"{private}/report.jsonl"))[2]
+    started = parse_report(_read(sandbox, f"{private}/report.jsonl")).started
     sandbox.exec(f"rm -f {private}/report.jsonl", timeout=30)
-    if started:
+    if started and run.exit_code == 0:
         return None
-    return GradeResult(False, {}, run.output, f"{_NOT_STARTED}: exit {run.exit_code}", error=True)
+    tail = run.output.strip().splitlines()[-1:] or [""]
+    return GradeResult(False, {}, run.output, f"{_NOT_STARTED}: exit {run.exit_code}: {tail[0][-300:]}",
+                       error=True)  # fmt: skip
+
+
+def _canary_files(task: Task, style: str) -> dict[str, str]:
+    """{file: Django module (else '')} of the graded tests' files."""
+    graded = [*task.fail_to_pass, *task.pass_to_pass]
+    if style == "pytest":
+        return {t.split("::")[0]: "" for t in graded if t.split("::")[0].endswith(".py")}
+    if style == "sympy":
+        return {d: "" for d in task.test_directives if d.endswith(".py")}
+    return {"tests/" + d.replace(".", "/") + ".py": d for d in task.test_directives if "/" not in d}
+
+
+def _plant_canaries(sandbox: Sandbox, task: Task) -> tuple[list[Canary], tuple[str, ...]]:
+    """Canaries in every graded test file (see envs.canaries); (canaries, notes on what has none).
+    A pytest command run through the grader's plugin gets `--maxfail=0`; another one that stops at
+    the first failure (`-x`) would stop at the must-fail canary, so it gets none."""
+    style = runner_style(task.log_parser)
+    if style is None:
+        return [], (f"no canaries: log parser {task.log_parser!r} is not a runner canaries exist for",)
+    early = re.search(r"(?:^|\s)(?:-x|--exitfirst|--maxfail(?:=\S+)?)(?:\s|$)", task.test_command)
+    if early and not _via_plugin(task.test_command):
+        return [], ("no canaries: the test command stops at the first failure",)
+    rng = random.Random(secrets.randbits(64))
+    canaries: list[Canary] = []
+    notes = []
+    for file, module in _canary_files(task, style).items():
+        try:
+            source = sandbox.read_file(file)
+        except SandboxError:
+            notes.append(f"no canaries in {file}: cannot read it")
+            continue
+        text, planted = plant(source, file, style, rng, module)
+        sandbox.write_file(file, text)
+        canaries += planted
+    return canaries, tuple(notes)
+
+
+def _forged(canaries: list[Canary], tests: dict[str, str], broken_files: set[str], finished: bool,
+            task: Task) -> str:  # fmt: skip
+    """Why the canaries show a forged result ('' when they came back as expected)."""
+    for canary in canaries:
+        if canary.file in broken_files:
+            continue
+        status = status_of(canary.test_id, tests)
+        graded = [s for t in (*task.fail_to_pass, *task.pass_to_pass) if (s := status_of(t, tests)) != MISSING
+                  and t.split("::")[0] == canary.file]  # fmt: skip
+        skipped = bool(graded) and all(s == SKIPPED for s in graded)
+        if wrong(canary, status, file_skipped=skipped) or (status == MISSING and finished):
+            expected = "pass" if canary.must_pass else "fail"
+            return f"{FORGED}: canary {canary.test_id} must {expected} but came back {status}"
+    return ""
 
 
 def grade_in(
-    sandbox: Sandbox, task: Task, patch: str, *, test_timeout: float = DEFAULT_TEST_TIMEOUT_S
-) -> GradeResult:
+    sandbox: Sandbox, task: Task, patch: str, *, test_timeout: float = DEFAULT_TEST_TIMEOUT_S,
+    case_timeout: float = DEFAULT_CASE_TIMEOUT_S,
+) -> GradeResult:  # fmt: skip
     """Grade `patch` in `sandbox`, which must be fresh at the task's clean base state."""
     dropped: list[str] = []
-    tamper: tuple[str, ...] = ()
     private = f"/tmp/jaxswe-grader-{uuid.uuid4().hex}"
-    if _PYTEST_RE.match(task.test_command) and (failed := _preflight(sandbox, task, private)) is not None:
+    if _via_plugin(task.test_command) and (failed := _preflight(sandbox, task, private)) is not None:
         return failed
     if patch.strip():
         try:
             check_git_sections(patch)
         except PatchError as err:
             return GradeResult(False, {}, patch[-2000:], f"patch does not apply: {err}")
-        name = f".git/jaxswe-{uuid.uuid4().hex}.diff"
-        sandbox.write_file(name, patch)
-        ok, out = _git(sandbox, f"update-index -q --refresh; git apply --index --whitespace=nowarn -v {name}")
+        ok, out = _apply_patch(sandbox, patch)
         if not ok:
             return GradeResult(False, {}, out, f"patch does not apply: {out.strip()[-300:]}")
-        dropped = _protected_changes(sandbox, _changed_paths(sandbox), set(patch_files(task.test_patch)))
-        _reset(sandbox, dropped)
-        kept = sandbox.exec(
-            "git -c core.quotepath=false diff --cached --no-color --no-ext-diff HEAD", timeout=120
+        changes = _changed_paths(sandbox)
+        dropped = _protected_changes(
+            sandbox, changes, set(patch_files(task.test_patch)), _import_roots(sandbox)
         )
+        _reset(sandbox, dropped)
+        kept = sandbox.exec(f"{_GIT} diff --cached --no-color --no-ext-diff --no-textconv --text HEAD",
+                            timeout=120)  # fmt: skip
         exempt = sandbox.exec(
             "git ls-files -- '_pytest/*' 'src/_pytest/*' | head -1", timeout=30
         ).output.strip()
@@ -294,21 +461,27 @@ def grade_in(
             else "the patch makes test_patch fail to apply"
         )
         return GradeResult(False, {}, out, why, dropped_paths=tuple(dropped), error=not clean)
-    command, env = build_test_command(task, private, _config_file(sandbox))
+    canaries, notes = _plant_canaries(sandbox, task)
+    ids = tuple(c.test_id for c in canaries)
+    command, env = build_test_command(task, private, _config_file(sandbox), ids)
     if env:
+        env["JAXSWE_GRADER_TEST_TIMEOUT"] = str(case_timeout)
         run = sandbox.exec(_env_prefix(env, private) + command, timeout=test_timeout)
         try:
-            report = sandbox.read_file(f"{private}/report.jsonl", max_bytes=REPORT_LIMIT)
+            report = parse_report(sandbox.read_file(f"{private}/report.jsonl", max_bytes=REPORT_LIMIT))
         except SandboxError:
-            report = ""
-        tests, messages, started, exitstatus = parse_report(report)
+            report = Report({}, {}, frozenset(), False, None)
+        tests, messages, broken = report.tests, report.messages, set(report.collect_errors)
         disagree = None
-        if not started:  # it started on the clean base (preflight): the patch stopped it
+        if not report.started:  # it started on the clean base (preflight): the patch stopped it
             disagree = "the test run never reached the grader's plugin"
-        elif exitstatus is None:
+        elif report.exitstatus is None:
             disagree = "the test run did not finish (no session end in the grader's report)"
-        elif exitstatus != run.exit_code:
-            disagree = f"the test command exited {run.exit_code} but its session ended with {exitstatus}"
+        elif report.exitstatus != run.exit_code:
+            disagree = (
+                f"the test command exited {run.exit_code} but its session ended with {report.exitstatus}"
+            )
+        finished = disagree is None and not run.timed_out
     else:
         run = sandbox.exec(command, timeout=test_timeout)
         tests, messages = PARSERS[task.log_parser](run.output)
@@ -316,7 +489,17 @@ def grade_in(
             return GradeResult(False, {}, run.output, f"{_NOT_STARTED}: exit {run.exit_code}",
                                dropped_paths=tuple(dropped), error=True)  # fmt: skip
         disagree = None
-    return _verdict(task, tests, messages, run.output, run.exit_code, run.timed_out, tuple(dropped), disagree)
+        broken = {t for t, s in tests.items() if s == ERROR and "::" not in t}
+        finished = bool(tests) and not run.timed_out
+    result = _verdict(
+        task, tests, messages, run.output, run.exit_code, run.timed_out, tuple(dropped), disagree
+    )
+    forged = _forged(canaries, tests, broken, finished, task)
+    result = GradeResult(
+        result.resolved and not forged, result.tests, result.log, forged or result.reason, result.messages,
+        result.dropped_paths, tamper=(FORGED,) if forged else (), canaries=len(canaries), notes=notes,
+    )  # fmt: skip
+    return result
 
 
 def _verdict(
@@ -325,7 +508,7 @@ def _verdict(
 ) -> GradeResult:  # fmt: skip
     graded = [*task.fail_to_pass, *task.pass_to_pass]  # SWE-bench's rules: envs.parsers
     statuses = {**tests, **{t: status_of(t, tests) for t in graded if t not in tests}}
-    failing = graded_failures(task.fail_to_pass, task.pass_to_pass, tests)
+    failing = graded_failures(task.fail_to_pass, task.pass_to_pass, tests, task.reference_statuses)
     if failing:
         first, status = failing[0]
         reason = f"{len(failing)} of {len(graded)} graded tests not passing, e.g. {first} {status}"
@@ -341,7 +524,11 @@ def _verdict(
 
 
 def grade(task: Task, patch: str, backend: str = "local", *, test_timeout: float = DEFAULT_TEST_TIMEOUT_S,
-          **limits: Any) -> GradeResult:  # fmt: skip
-    """Grade `patch` for `task` in a fresh sandbox of `backend` (see the module docstring)."""
-    with open_sandbox(task, backend, **limits) as sandbox:
-        return grade_in(sandbox, task, patch, test_timeout=test_timeout)
+          case_timeout: float = DEFAULT_CASE_TIMEOUT_S, **limits: Any) -> GradeResult:  # fmt: skip
+    """Grade `patch` for `task` in a fresh sandbox of `backend` (see the module docstring). A
+    sandbox that fails (cannot start, dies) is an infrastructure failure (`error`), not an exception."""
+    try:
+        with open_sandbox(task, backend, **limits) as sandbox:
+            return grade_in(sandbox, task, patch, test_timeout=test_timeout, case_timeout=case_timeout)
+    except SandboxError as err:
+        return GradeResult(False, {}, "", f"sandbox failure: {err}", error=True)

@@ -139,16 +139,44 @@ def build_network() -> str:
     return os.environ.get("JAXSWE_BUILD_NETWORK", "bridge")
 
 
+_BUILD_CA = "/tmp/jaxswe-build-ca.pem"
+
+
+def build_ca_bundle() -> str | None:
+    """The CA bundle build steps trust (a network behind a TLS-inspecting proxy): the file named by
+    `$JAXSWE_BUILD_CA_BUNDLE`, else the host's pip or OpenSSL bundle when set; None: the image's own."""
+    for name in ("JAXSWE_BUILD_CA_BUNDLE", "PIP_CERT", "SSL_CERT_FILE"):
+        path = os.environ.get(name)
+        if path and os.path.isfile(path):
+            return path
+    return None
+
+
+def _ca_archive(path: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(path, arcname=_BUILD_CA.lstrip("/"))
+    return buf.getvalue()
+
+
 def _layer(
     client, image: str, tag: str, script: str, *, archive: bytes | None = None, env: dict | None = None,
     workdir: str = "/",
 ) -> str:  # fmt: skip
-    """Commit `image` + `script` (run WITH network, the build step) as `tag`."""
+    """Commit `image` + `script` (run WITH network, the build step) as `tag`. The build step alone
+    trusts build_ca_bundle() (copied in, removed before the commit; the image's env is `env`)."""
+    ca = build_ca_bundle()
+    step_env = dict(env or {})
+    if ca:
+        step_env |= {"PIP_CERT": _BUILD_CA, "SSL_CERT_FILE": _BUILD_CA, "REQUESTS_CA_BUNDLE": _BUILD_CA}
+        script = f"{script}\nrm -f {_BUILD_CA}"
     container = client.containers.create(
         image, command=["bash", "-c", script], network_mode=build_network(), labels={"jaxswe.build": "1"},
-        working_dir=workdir, environment=env or {},
+        working_dir=workdir, environment=step_env,
     )  # fmt: skip
     try:
+        if ca:
+            container.put_archive("/", _ca_archive(ca))
         if archive is not None:
             container.put_archive("/", archive)
         container.start()
@@ -187,23 +215,26 @@ def env_image(task: Task, *, client, base: str = BASE_IMAGE) -> tuple[str, dict[
 
     pip = _lines(task.install.get("pip_packages"))
     pre = _lines(task.install.get("pre_install"))
-    if not pip and not pre and not task.install.get("install"):
+    if not pip and not pre and not task.install.get("install") and not task.install.get("reqs_path"):
         return base, {}
+    installs = bool(task.install.get("install") or task.install.get("reqs_path"))
+    # the image's own packages (pytest from the base) stay visible; pip_packages go into the venv,
+    # which has its own pip when anything is installed (the base's pip is externally managed)
+    with_pip = "" if pip or installs else "--without-pip "
+    venv = [f"python3 -m venv --system-site-packages {with_pip}{TASK_VENV}"]
+    if pip:
+        venv.append(f"{TASK_VENV}/bin/pip install -q {' '.join(shlex.quote(p) for p in pip)}")
+    # the base's pytest under the venv's Python (its script would run the system Python)
+    launcher = f"#!{TASK_VENV}/bin/python\nimport sys\nimport pytest\nsys.exit(pytest.console_main())\n"
+    script_path = f"{TASK_VENV}/bin/pytest"
+    venv.append(f"[ -e {script_path} ] || {{ printf %s {shlex.quote(launcher)} > {script_path} "
+                f"&& chmod 755 {script_path}; }}")  # fmt: skip
+    script = "\n".join(["set -e", *pre, *venv])
     base_id = client.images.get(base).id.removeprefix("sha256:")[:12]
-    key = hashlib.sha256(json.dumps([base_id, pre, pip], sort_keys=True).encode()).hexdigest()[:16]
-    tag = f"jaxswe/env:{key}"
+    tag = f"jaxswe/env:{hashlib.sha256(json.dumps([base_id, script]).encode()).hexdigest()[:16]}"
     env = {"PATH": f"{TASK_VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
            "VIRTUAL_ENV": TASK_VENV}  # fmt: skip
     if not _has(client, tag):
-        # the image's own packages (pytest from the base) stay visible; pip_packages go into the venv
-        venv = [f"python3 -m venv --system-site-packages --without-pip {TASK_VENV}"]
-        if pip:
-            packages = " ".join(shlex.quote(p) for p in pip)
-            venv = [
-                f"python3 -m venv --system-site-packages {TASK_VENV}",
-                f"{TASK_VENV}/bin/pip install -q {packages}",
-            ]
-        script = "\n".join(["set -e", *pre, *venv])
         _layer(client, base, tag, script)
     return tag, env
 

@@ -12,7 +12,7 @@ For every non-merge commit C with one parent P, in order (each stage's survivors
 5. `no import/attribute error`: a task whose failing tests fail with ImportError/AttributeError
    (or ModuleNotFoundError) before the fix is dropped (the fix adds an API rather than fixing it).
 6. `valid`: envs.validate.validate_task: gold resolves in every one of `runs` fresh sandboxes,
-   the empty patch does not.
+   the empty patch does not; the gold run's statuses are stored as the task's reference statuses.
 
 Every commit's outcome is appended to a state file as it finishes, so a rerun resumes where
 the last one stopped; commits are processed by `workers` threads.
@@ -157,7 +157,9 @@ def mine_commit(
     check = validate_task(task, runs=runs, backend="local", **limits)
     if not check.ok:
         return Outcome(commit, "no import/attribute error", check.reason)
-    return Outcome(commit, "valid", "", task.to_record())
+    return Outcome(
+        commit, "valid", "", replace(task, reference_statuses=check.reference_statuses).to_record()
+    )
 
 
 def read_state(path: Path) -> dict[str, Outcome]:

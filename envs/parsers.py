@@ -9,7 +9,9 @@ line it prints instead.
 Grading rules (SWE-bench 5.x, `resolve` / `fail_to_pass_ok` / `pass_to_pass_ok`): a graded id
 matches exactly; an id with more `[` than `]` (truncated at a space) matches the reported ids it
 prefixes when they all agree on passing vs failing. A FAIL_TO_PASS test must pass (PASSED or
-XFAIL); a PASS_TO_PASS test passes or is SKIPPED. A missing test fails.
+XFAIL); a PASS_TO_PASS test passes or is SKIPPED. A missing test fails. A task with reference
+statuses (the gold run's, recorded at validation) is stricter: PASSED, or XFAIL / SKIPPED only
+where gold had the same.
 
 Text parsers by name: jaxswe's own `pytest` (reads only the last `short test summary info`
 section, so lines an agent's code prints elsewhere are not read) and `django`, which agree with
@@ -28,6 +30,7 @@ from envs.errors import TaskError
 
 PASSED, FAILED, ERROR, SKIPPED, XFAIL = "PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL"
 MISSING = "MISSING"
+STATUSES = (PASSED, FAILED, ERROR, SKIPPED, XFAIL, MISSING)
 PASSING = frozenset({PASSED, XFAIL})
 _RANK = {PASSED: 0, XFAIL: 0, SKIPPED: 1, FAILED: 2, ERROR: 3}
 
@@ -66,9 +69,20 @@ def pass_to_pass_ok(case: str, tests: dict[str, str]) -> bool:
 
 
 def graded_failures(
-    fail_to_pass: Iterable[str], pass_to_pass: Iterable[str], tests: dict[str, str]
-) -> list[tuple[str, str]]:
-    """(test, status) of every graded test that breaks the rules; empty when resolved."""
+    fail_to_pass: Iterable[str], pass_to_pass: Iterable[str], tests: dict[str, str],
+    reference: dict[str, str] | None = None,
+) -> list[tuple[str, str]]:  # fmt: skip
+    """(test, status) of every graded test that breaks the rules; empty when resolved. With
+    `reference` (each graded test's status under the gold patch), a test passes only as PASSED, or
+    as XFAIL / SKIPPED where its reference status is the same."""
+    if reference:
+        graded = [*fail_to_pass, *pass_to_pass]
+        statuses = [(t, status_of(t, tests)) for t in graded]
+        return [
+            (t, s)
+            for t, s in statuses
+            if s != PASSED and not (s in (XFAIL, SKIPPED) and reference.get(t) == s)
+        ]
     bad = [(t, status_of(t, tests)) for t in fail_to_pass if not fail_to_pass_ok(t, tests)]
     return bad + [(t, status_of(t, tests)) for t in pass_to_pass if not pass_to_pass_ok(t, tests)]
 

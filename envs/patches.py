@@ -9,8 +9,13 @@ from the same parser. Protected paths (changes there are reset to the base state
 - test-runner configuration anywhere: pytest.ini, .pytest.ini, pytest.toml, .pytest.toml, tox.ini,
   setup.cfg (pyproject.toml only when its `[tool.pytest...]` tables change, see envs.grading);
 - interpreter start-up hooks: `*.pth`, sitecustomize.py, usercustomize.py;
+- `.gitattributes` anywhere (it would change what git shows the grader's scan);
 - new files that could shadow the runner or a module: pytest.py, a pytest/ _pytest/ pluggy/
-  iniconfig/ package, compiled modules (*.pyc, *.so, *.pyd, __pycache__/).
+  iniconfig/ package, compiled modules (*.pyc, *.so, *.pyd, __pycache__/), and at an import root
+  (the repository root, `src/` in a src layout) a new top-level module or package named like one
+  the stdlib, pytest or its dependencies import (`sys.stdlib_module_names`: pdb.py, readline/...).
+Importable files that are not text (IMPORTABLE_SUFFIXES with binary content) are reset too
+(envs.grading, which reads their content).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import PurePosixPath
 
@@ -25,8 +31,14 @@ _TEST_DIRS = {"tests", "test", "testing"}
 _TEST_NAMES = ("test_*.py", "*_test.py", "conftest.py")
 RUNNER_CONFIGS = ("pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg")
 _STARTUP_NAMES = ("*.pth", "sitecustomize.py", "usercustomize.py")
-_SHADOW_PACKAGES = {"pytest", "_pytest", "pluggy", "iniconfig", "jaxswe_grader"}
+_SHADOW_PACKAGES = {"pytest", "_pytest", "pluggy", "iniconfig", "jaxswe_grader", "jaxswe_pytest"}
+# What pytest and its dependencies import besides the stdlib: a new top-level one would shadow them.
+_RUNNER_IMPORTS = _SHADOW_PACKAGES | {"packaging", "exceptiongroup", "tomli", "colorama", "pygments", "py",
+                                      "attr", "attrs", "more_itertools", "importlib_metadata", "zipp",
+                                      "typing_extensions"}  # fmt: skip
+_TOP_LEVEL_SHADOWS = frozenset(sys.stdlib_module_names) | _RUNNER_IMPORTS
 _COMPILED = ("*.pyc", "*.pyo", "*.so", "*.pyd")
+IMPORTABLE_SUFFIXES = (".py", ".pyw", ".pyc", ".pyo", ".so", ".pyd", ".zip", ".egg", ".whl", ".pyz", ".pth")
 _HEADER_RE = re.compile(r"^diff --git ", re.MULTILINE)
 
 
@@ -90,15 +102,18 @@ def is_test_path(path: str, test_files: Iterable[str] = ()) -> bool:
     return any(fnmatch.fnmatch(pure.name, pat) for pat in _TEST_NAMES)
 
 
-def is_protected(path: str, test_files: Iterable[str] = (), *, new: bool = True) -> bool:
+def is_protected(
+    path: str, test_files: Iterable[str] = (), *, new: bool = True, import_roots: Iterable[str] = (".",)
+) -> bool:
     """Whether a change to `path` is reset before grading (see the module docstring).
 
     `new`: the file does not exist at the base commit (shadowing rules apply only to new files,
-    so a project may change its own modules even when it is pytest itself).
+    so a project may change its own modules even when it is pytest itself). `import_roots`: the
+    directories whose top-level modules are importable by name ("." is the repository root).
     """
     pure = PurePosixPath(path)
     name = pure.name
-    if is_test_path(path, test_files) or name in RUNNER_CONFIGS:
+    if is_test_path(path, test_files) or name in RUNNER_CONFIGS or name == ".gitattributes":
         return True
     if any(fnmatch.fnmatch(name, pat) for pat in _STARTUP_NAMES):
         return True
@@ -108,7 +123,14 @@ def is_protected(path: str, test_files: Iterable[str] = (), *, new: bool = True)
         return True
     if name.endswith(".py") and name.removesuffix(".py") in _SHADOW_PACKAGES:
         return True
-    return any(part in _SHADOW_PACKAGES for part in pure.parts[:-1])
+    if any(part in _SHADOW_PACKAGES for part in pure.parts[:-1]):
+        return True
+    for root in import_roots:
+        rel = pure.parts if root == "." else pure.parts[1:] if pure.parts[:1] == (root,) else ()
+        top = rel[0].split(".")[0] if len(rel) > 1 else rel[0].removesuffix(".py") if rel else ""
+        if rel and name.endswith(IMPORTABLE_SUFFIXES) and top in _TOP_LEVEL_SHADOWS:
+            return True
+    return False
 
 
 def changed_lines(diff: str) -> int:

@@ -30,7 +30,7 @@ from typing import Any
 
 from envs import official
 from envs.errors import TaskError
-from envs.parsers import PARSERS, parser_name_for_repo
+from envs.parsers import PARSERS, STATUSES, parser_name_for_repo
 from envs.patches import patch_files
 
 DEFAULT_TEST_CMD = "pytest -rA"
@@ -63,6 +63,9 @@ class Task:
     shell_init: str = ""  # run before each command in the task's image (SWE images: conda)
     install: dict[str, Any] = field(default_factory=dict, hash=False)  # the install recipe
     env_commit: str = ""  # environment_setup_commit: the commit the environment is built at
+    # each graded test's status under the gold patch, recorded at validation (envs.validate); with
+    # it, XFAIL and SKIPPED count as passing only where gold had them (envs.parsers)
+    reference_statuses: dict[str, str] = field(default_factory=dict, hash=False)
     source_dir: str | None = field(default=None, compare=False)  # a git repo holding base_commit (built-in)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -109,6 +112,7 @@ class Task:
                 "shell_init": self.shell_init,
                 "install": self.install,
                 "env_commit": self.env_commit,
+                "reference_statuses": dict(self.reference_statuses),
             }
         )
         if self.source_dir is not None and not self.repo.startswith("builtin/"):
@@ -284,6 +288,13 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
     fail_to_pass = _test_list(index, record, "FAIL_TO_PASS")
     if not fail_to_pass:
         raise _fail(index, record, "FAIL_TO_PASS", "is empty (a task needs a failing test)")
+    reference = _json_field(
+        index, record, "reference_statuses", record.get("reference_statuses") or {}, (dict,)
+    )
+    if not all(isinstance(k, str) and v in STATUSES for k, v in reference.items()):
+        raise _fail(
+            index, record, "reference_statuses", f"must map test ids to statuses ({', '.join(STATUSES)})"
+        )
     return Task(
         instance_id=record["instance_id"],
         repo=record["repo"],
@@ -304,6 +315,7 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
         install=install,
         env_commit=_str_field(index, record, "env_commit")
         or _str_field(index, record, "environment_setup_commit"),
+        reference_statuses=reference,
         source_dir=source_dir,
         raw=dict(record),
     )

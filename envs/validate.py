@@ -1,6 +1,8 @@
 """Task checks: the gold patch resolves (N times, the same way), the empty patch does not; and the
 paper's filters (<= 7 files and < 500 lines changed, not flaky, failing tests that do not fail
-with ImportError/AttributeError)."""
+with ImportError/AttributeError). A valid task's gold statuses are its reference statuses
+(`Validation.reference_statuses`; `filter_tasks` and mining store them with the task); a task that
+has them must still get them from its gold run."""
 
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ import re
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from envs.errors import EnvError
 from envs.grading import GradeResult, grade
+from envs.parsers import status_of
 from envs.patches import changed_lines, patch_files
 from envs.tasks import Task
 
@@ -32,6 +35,9 @@ class Validation:
     flaky_tests: tuple[str, ...]
     import_or_attribute_error: bool  # a test fails with ImportError/AttributeError before the fix
     seconds: float
+    # each graded test's status under gold (when gold resolved the same way every run): the
+    # reference statuses to store with the task (envs.tasks.Task.reference_statuses)
+    reference_statuses: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +61,8 @@ def validate_task(task: Task, *, runs: int = 1, backend: str = "local", **limits
     graded = [*task.fail_to_pass, *task.pass_to_pass]
     flaky_tests = tuple(t for t in graded if len({g.tests.get(t) for g in golds}) > 1)
     flaky = bool(flaky_tests) or len({g.resolved for g in golds}) > 1
+    reference = {t: status_of(t, golds[0].tests) for t in graded}
+    stale = [t for t, s in task.reference_statuses.items() if reference.get(t) != s]
     if any(g.error for g in golds) or empty.error:
         reason = next(g.reason for g in [*golds, empty] if g.error)
     elif flaky:
@@ -63,11 +71,15 @@ def validate_task(task: Task, *, runs: int = 1, backend: str = "local", **limits
         reason = f"gold patch does not resolve: {golds[0].reason}"
     elif empty.resolved:
         reason = "empty patch resolves"
+    elif stale:
+        reason = (
+            f"the task's reference statuses are not the gold run's, e.g. {stale[0]} {reference.get(stale[0])}"
+        )
     else:
         reason = ""
     return Validation(
         task.instance_id, not reason, reason or "ok", tuple(g.resolved for g in golds), empty.resolved, flaky,
-        flaky_tests, _name_error(empty), time.monotonic() - start,
+        flaky_tests, _name_error(empty), time.monotonic() - start, reference if not reason else {},
     )  # fmt: skip
 
 
@@ -100,11 +112,15 @@ def filter_tasks(
             checks = list(
                 pool.map(lambda t: validate_task(t, runs=runs, backend=backend, **limits), candidates)
             )
+        references = {}
         for t, v in zip(candidates, checks, strict=True):
             if not v.ok:
                 dropped[t.instance_id] = v.reason
             elif v.import_or_attribute_error:
                 dropped[t.instance_id] = "failing tests fail with ImportError/AttributeError before the fix"
+            references[t.instance_id] = v.reference_statuses
+        tasks = [replace(t, reference_statuses=references.get(t.instance_id) or t.reference_statuses)
+                 for t in tasks]  # fmt: skip
     return [t for t in tasks if t.instance_id not in dropped], dropped
 
 

@@ -125,6 +125,8 @@ class EnvSection(Section):
     eval_tasks: str | None = None  # defaults to `tasks`
     backend: Literal["local", "docker"] = "local"
     command_timeout_s: float = Field(60.0, gt=0)
+    test_timeout_s: float = Field(600.0, gt=0)  # grading: one whole test run
+    test_case_timeout_s: float = Field(120.0, gt=0)  # grading: one test's call phase (pytest)
     output_limit_chars: int = Field(8000, gt=0)
     max_parallel: int = Field(8, gt=0)
     memory_limit: str = "2g"

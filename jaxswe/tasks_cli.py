@@ -22,7 +22,7 @@ def validate(
     runs: int = typer.Option(1, "--runs", min=1, help="gold-patch runs per task (flakiness check)"),
     backend: str = typer.Option("local", "--backend", help="local | docker"),
     workers: int = typer.Option(1, "--workers", min=1, help="tasks validated at once"),
-    timeout: float = typer.Option(1800.0, "--timeout", help="seconds allowed for one test run"),
+    timeout: float = typer.Option(600.0, "--timeout", help="seconds allowed for one test run"),
 ) -> None:
     """Gold patch resolves, empty patch does not, stable over --runs: one JSON line per task."""
     from envs.validate import validate_many

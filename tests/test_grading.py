@@ -82,7 +82,8 @@ def test_exit_code_and_missing_tests(tasks):
     dies += "weakref.finalize(_k, os.kill, os.getpid(), 9)\n"
     crash = _diff("calc.py", CALC, dies + fixed)
     result = grade(task, crash)
-    assert not result.resolved and "exited 137 but its session ended with 0" in result.reason, result.reason
+    # (the session ends with 1: the must-fail canary failed, as it must)
+    assert not result.resolved and "exited 137 but its session ended with 1" in result.reason, result.reason
     # the module kills pytest before any report: every graded test is missing
     killer = _diff("calc.py", CALC, "import os\nos.kill(os.getpid(), 9)\n" + fixed)
     result = grade(task, killer)
@@ -102,11 +103,15 @@ def test_patch_that_does_not_apply(tasks):
 def test_test_command_gets_the_graders_configuration_only_for_plain_pytest(tasks):
     task = tasks["calc__add"]
     command, env = build_test_command(task, "/tmp/g")
-    assert command == "pytest -c /tmp/g/pytest.ini --rootdir=. -p no:cacheprovider -p jaxswe_grader"
-    assert env == {"JAXSWE_GRADER_REPORT": "/tmp/g/report.jsonl", "PYTHONSAFEPATH": "1"}
+    assert (
+        command == "pytest -c /tmp/g/pytest.ini --rootdir=. -p no:cacheprovider --maxfail=0 -p jaxswe_grader"
+    )
+    assert env == {"JAXSWE_GRADER_REPORT": "/tmp/g/report.jsonl"}
     command, env = build_test_command(tasks["words__snake"], "/tmp/g", "pyproject.toml")
-    assert command.startswith("python3 -m pytest ") and "-c pyproject.toml" in command
-    assert env["JAXSWE_GRADER_CWD"] == "1"  # `python -m` put the checkout on sys.path: the plugin does, later
+    # `python -m pytest` starts through the grader's launcher (sys.path[0] is its directory on any
+    # Python); the plugin puts the checkout first on sys.path once pytest is imported, as -m would
+    assert command.startswith("python3 /tmp/g/jaxswe_pytest.py ") and "-c pyproject.toml" in command
+    assert env["JAXSWE_GRADER_CWD"] == "1"
     other = type(task)(**{**task.__dict__, "test_cmd": "pytest; echo hi"})
     assert build_test_command(other, "/tmp/g") == ("pytest; echo hi", {})
 

@@ -162,10 +162,13 @@ def attack_patches(task, tmp: Path) -> dict[str, str]:
         "similarity index 100%\nrename from billsplit/split.py\nrename to conftest.py\n",
         "copy a module to tests/conftest.py": "diff --git a/billsplit/split.py b/tests/conftest.py\n"
         "similarity index 100%\ncopy from billsplit/split.py\ncopy to tests/conftest.py\n",
-        # the gold fix with a context line that does not match: only `patch --fuzz` would apply it
-        "a hunk only fuzzy patch applies": task.patch.replace("     if people < 1:", "     if people <= 0:"),
     }
     return patches
+
+
+def fuzzy_gold(task) -> str:
+    """The gold fix with a context line that does not match: only `patch --fuzz` applies it."""
+    return task.patch.replace("     if people < 1:", "     if people <= 0:")
 
 
 def _grade_all(task, patches, backend):
@@ -187,8 +190,7 @@ def _check(task, results):
                  "atexit rewrites the report and os._exit(0)"):  # fmt: skip
         assert results[what].tamper, what
     assert results["conftest.py that skips everything"].dropped_paths == ("conftest.py",)
-    for what in ("a trailing plain-diff section", "a hunk only fuzzy patch applies"):
-        assert results[what].reason.startswith("patch does not apply"), what
+    assert results["a trailing plain-diff section"].reason.startswith("patch does not apply")
     assert "conftest.py" in results["C-quoted conftest name"].dropped_paths
 
 
@@ -196,6 +198,7 @@ def test_attacks_local(task, tmp_path):
     results = _grade_all(task, attack_patches(task, tmp_path), "local")
     _check(task, results)
     assert grade(task, task.patch).resolved
+    assert grade(task, fuzzy_gold(task)).resolved  # SWE-bench's `patch --fuzz=5` fallback
 
 
 @pytest.mark.docker
@@ -207,14 +210,16 @@ def test_attacks_docker(task, tmp_path):
     results = _grade_all(task, attack_patches(task, tmp_path), "docker")
     _check(task, results)
     assert grade(task, task.patch, "docker").resolved
+    assert grade(task, fuzzy_gold(task), "docker").resolved
 
 
 def test_each_layer_alone():
     """The layers that catch the plugin hack, each on its own."""
     # the report cross-check: a phase that raised but whose report says passed is a failure
     rewritten = '{"event": "start"}\n{"event": "test", "nodeid": "t::a", "when": "call", "outcome": "passed", "raised": true}\n'  # noqa: E501
-    assert parse_report(rewritten)[0] == {"t::a": "FAILED"}
-    assert parse_report(rewritten)[2:] == (True, None)  # started, never finished
+    report = parse_report(rewritten)
+    assert report.tests == {"t::a": "FAILED"}
+    assert (report.started, report.exitstatus) == (True, None)  # started, never finished
     # the tamper scan
     assert tamper_reasons("+++ b/x.py\n+def pytest_runtest_makereport(item, call):\n") == (
         "reaches into the test runner's internals",
@@ -230,13 +235,13 @@ def test_each_layer_alone():
 
 def test_plugin_hack_fails_with_the_tamper_scan_and_the_reset_both_off(task, tmp_path, monkeypatch):
     """Depth: with neither the tamper scan nor the protected-path reset, the config-loaded plugin
-    cannot import (PYTHONSAFEPATH: the checkout is on sys.path only once the grader's plugin put it
-    there), so the run never reaches the grader's plugin: unresolved, and the patch's failure, not
-    an infrastructure one (the preflight on the clean base started)."""
+    cannot import (the checkout is on sys.path only once the grader's plugin put it there, and a
+    config's `-p` loads before it), so the run fails to start: unresolved, and the patch's failure,
+    not an infrastructure one (the preflight on the clean base started)."""
     import envs.grading
 
     monkeypatch.setattr(envs.grading, "tamper_reasons", lambda diff, runner_exempt=False: ())
-    monkeypatch.setattr(envs.grading, "_protected_changes", lambda sandbox, changes, test_files: [])
+    monkeypatch.setattr(envs.grading, "_protected_changes", lambda *args: [])
     pyproject = (clean_template(task) / "pyproject.toml").read_text()
     addopts = 'testpaths = ["tests"]\naddopts = "-p billsplit._plug"'
     files = {

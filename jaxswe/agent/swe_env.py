@@ -45,6 +45,8 @@ class SWEEnv:
         demonstration: bool = False,
         demonstration_in_trained_prompt: bool = False,
         sandbox_limits: dict[str, Any] | None = None,
+        test_timeout_s: float = 600.0,
+        test_case_timeout_s: float = 120.0,
     ) -> None:
         self.task = task
         self.backend = backend
@@ -52,7 +54,8 @@ class SWEEnv:
         self._open = sandbox_factory or (
             lambda t: _envs().open_sandbox(t, backend, timeout=command_timeout_s, **limits)
         )
-        self._grade = grader or (lambda t, patch: _envs().grade(t, patch, backend, **limits))
+        timeouts = {"test_timeout": test_timeout_s, "case_timeout": test_case_timeout_s}
+        self._grade = grader or (lambda t, patch: _envs().grade(t, patch, backend, **timeouts, **limits))
         self.prompts = prompts if isinstance(prompts, Prompts) else load_prompts(prompts)
         self.window_lines = window_lines
         self.command_timeout_s = command_timeout_s
@@ -77,6 +80,8 @@ class SWEEnv:
             "prompts": config.agent.prompts,
             "window_lines": config.agent.window_lines,
             "command_timeout_s": config.env.command_timeout_s,
+            "test_timeout_s": config.env.test_timeout_s,
+            "test_case_timeout_s": config.env.test_case_timeout_s,
             "output_limit_chars": config.env.output_limit_chars,
             "demonstration": config.agent.demonstration,
             "demonstration_in_trained_prompt": config.agent.demonstration_in_trained_prompt,

@@ -1,0 +1,3 @@
+from wordstat.core import top_words, word_counts
+
+__all__ = ["top_words", "word_counts"]

@@ -1,0 +1,41 @@
+"""The task environment is the grading environment: a src-layout package with no pytest `pythonpath`
+setting, and tests that need pytest-mock's `mocker` and pytest-asyncio's auto mode (set in
+pyproject.toml), graded as published on both backends: gold resolves, empty does not, with canaries
+and no tamper flag (tests/data/env_tasks; the grader once replaced PYTHONPATH and switched plugins
+off, so both gold patches scored 0)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from envs import grade
+from envs.builtin import load_builtin
+from envs.docker_sandbox import engine_available
+
+TASKS = load_builtin(Path(__file__).parent / "data" / "env_tasks")
+
+
+def _check(backend: str) -> None:
+    assert [t.instance_id for t in TASKS] == ["envfix__plugins-1", "envfix__srclayout-1"]
+    for task in TASKS:
+        gold, empty = grade(task, task.patch, backend), grade(task, "", backend)
+        assert gold.resolved and not gold.tamper and gold.canaries == 2, (task.instance_id, gold.reason, gold.log)
+        assert not empty.resolved and not empty.error and not empty.tamper, (task.instance_id, empty.reason)
+        assert all(empty.tests[t] == "FAILED" for t in task.fail_to_pass), empty.tests  # ran, and failed
+        assert all(empty.tests[t] == "PASSED" for t in task.pass_to_pass), empty.tests
+
+
+def test_task_environments_local():
+    _check("local")
+
+
+@pytest.mark.docker
+def test_task_environments_docker(monkeypatch):
+    if not engine_available():
+        if os.environ.get("CI"):
+            pytest.fail("CI is set but no Docker engine is reachable")
+        pytest.skip("no Docker engine reachable")
+    if os.environ.get("CI"):
+        monkeypatch.setenv("JAXSWE_BUILD_NETWORK", "host")  # an engine run with --bridge=none (CI)
+    _check("docker")

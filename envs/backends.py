@@ -56,7 +56,7 @@ def open_sandbox(task: Task, backend: str = "local", **limits: Any) -> Sandbox:
 
         template = clean_template(task)
         env = {**venv_env(task, template), **limits.pop("env", {})}
-        return LocalSandbox(template, env=env, ro_binds=(str(task_venv(task)),), **limits)
+        return LocalSandbox(template, env=env, ro_binds=(str(task_venv(task)),), host_python=False, **limits)
     if backend == "docker":
         from envs.docker_sandbox import DockerSandbox, _client
         from envs.images import task_image

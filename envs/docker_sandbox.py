@@ -2,7 +2,9 @@
 
 The container's main process is `sleep <lifetime_s>` under the engine's init, and the engine
 removes it when it stops (auto-remove): a container ends itself once its lifetime has passed even
-when the trainer was SIGKILLed. No network; memory, CPU and pids limits; labelled with its owner
+when the trainer was SIGKILLed. No network; memory, CPU and pids limits; every capability dropped
+and no-new-privileges (root inside can still write the image's root-owned checkout, but cannot
+chown, mount, trace or raise privileges); labelled with its owner
 (host, pid, process start time) and run. A command longer than ARG_LIMIT goes through a file.
 A container that dies under a command (the command killed its init or ran it out of memory) is
 the policy's doing: that exec and every later one return exit code 137 and a message, and
@@ -187,6 +189,8 @@ class DockerSandbox:
                 memswap_limit=mem_limit,
                 nano_cpus=int(cpus * 1e9),
                 pids_limit=pids_limit,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
                 labels=labels,
                 working_dir=workdir,
                 environment={SANDBOX_MARKER: self.id},

@@ -4,11 +4,15 @@ Each command is `bash -c` in a new session, stdin closed, with rlimits on proces
 space, file size and open files. Under bubblewrap (isolation "bwrap", the default when `bwrap` is
 installed) it runs in its own pid, mount, network, ipc, uts and cgroup namespaces with
 `--die-with-parent`, every capability dropped and no_new_privs: a trainer running as root drops
-the command to uid 65534 with `setpriv` (a real unprivileged uid, so the process rlimit counts);
+the command to a uid of the sandbox's own with `setpriv` (claimed from UID_RANGE for the sandbox's
+lifetime: a real unprivileged uid, so the process rlimit counts per sandbox, and one sandbox at
+its process limit does not stop another's commands);
 any other user gets a user namespace of its own as well. It sees the system
-read-only (/usr, /etc), the running Python's prefixes and any `ro_binds` (a per-task virtualenv)
-read-only, and of writable places only its own checkout, home and /tmp: no task files, upstream
-clones, template cache or other sandboxes. The command's pid namespace ends when it returns or
+read-only (/usr, /etc), the base interpreter and any `ro_binds` (a per-task virtualenv) read-only
+(a task's sandbox: `host_python=False`, the trainer's own virtualenv is not there and the base
+interpreter's site-packages are empty; else the running virtualenv is bound too), and of writable
+places only its own checkout, home and /tmp: no task files, upstream clones, template cache or
+other sandboxes. The command's pid namespace ends when it returns or
 times out, so everything it started (setsid, cleared environment) ends with it: on this backend
 background processes do not outlive their command. File reads and writes (`read_file`,
 `write_file`) run inside the sandbox too, so a path or symlink cannot reach the host.
@@ -27,11 +31,13 @@ import itertools
 import json
 import os
 import resource
+import secrets
 import selectors
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -60,7 +66,7 @@ from envs.sandbox import (
 )
 
 _DRAIN_S = 0.05  # after the shell exits, how long to keep reading output its children still write
-SANDBOX_UID = 65534  # the unprivileged uid (and gid) commands run as under bwrap
+UID_RANGE = range(200_000, 260_000)  # each bwrap sandbox's own unprivileged uid (and gid), as root
 DEFAULT_LIMITS = {  # rlimits of every command: processes, address space, file size, open files
     "nproc": 512,
     "as": 8 << 30,
@@ -137,9 +143,23 @@ def _system_binds() -> list[str]:
     return args
 
 
-def _python_prefixes() -> list[str]:
-    """The running Python's installation and virtualenv (python, pytest), bound read-only."""
-    return [p for p in dict.fromkeys([sys.base_prefix, sys.prefix]) if not p.startswith("/usr/")]
+def _python_prefixes(host_python: bool) -> list[str]:
+    """Interpreter trees bound read-only: the base interpreter (task venvs run it), and with
+    `host_python` the running virtualenv too (its python and pytest, for sandboxes without a venv)."""
+    prefixes = [sys.base_prefix, sys.prefix] if host_python else [sys.base_prefix]
+    return [p for p in dict.fromkeys(prefixes) if not p.startswith("/usr/")]
+
+
+def _site_dirs() -> list[str]:
+    """The base interpreter's site-packages and the system's dist-packages: hidden (an empty tmpfs)
+    in sandboxes with a task venv, so a package installed there (jaxswe itself, with the built-in
+    tasks' gold patches, after a non-editable install) is not readable from inside."""
+    base = {"base": sys.base_prefix, "platbase": sys.base_prefix}
+    paths = {sysconfig.get_path(k, vars=base) for k in ("purelib", "platlib")}
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    paths |= {"/usr/lib/python3/dist-packages", f"/usr/local/lib/{version}/dist-packages",
+              f"/usr/local/lib/{version}/site-packages"}  # fmt: skip
+    return sorted(p for p in paths if os.path.isdir(p))
 
 
 def _parents(paths: list[str]) -> list[str]:
@@ -153,6 +173,25 @@ def _parents(paths: list[str]) -> list[str]:
                 seen.add(parent)
                 args += ["--perms", "0755", "--dir", parent]
     return args
+
+
+def _uid_file(uid: int) -> Path:
+    return sandboxes_dir() / ".uids" / str(uid)
+
+
+def _claim_uid(root: Path) -> int:
+    """A uid from UID_RANGE no live sandbox holds, claimed by a file naming `root` (O_EXCL)."""
+    _uid_file(0).parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(1000):
+        uid = UID_RANGE[secrets.randbelow(len(UID_RANGE))]
+        try:
+            fd = os.open(_uid_file(uid), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(root.name)
+        return uid
+    raise SandboxError(f"no free sandbox uid in {UID_RANGE}")
 
 
 def _set_limits(limits: dict[str, int]):
@@ -176,6 +215,7 @@ class LocalSandbox:
         env: dict[str, str] | None = None,
         ro_binds: tuple[str, ...] = (),
         limits: dict[str, int] | None = None,
+        host_python: bool = True,
     ):
         if isolation not in ("auto", "bwrap", "none"):
             raise SandboxError(f"isolation must be auto, bwrap or none, got {isolation!r}")
@@ -191,12 +231,14 @@ class LocalSandbox:
         self.output_limit = output_limit
         self.limits = {**DEFAULT_LIMITS, **(limits or {})}
         self.ro_binds = tuple(str(Path(p).resolve()) for p in ro_binds)
+        self.host_python = host_python
         self.id = uuid.uuid4().hex
         self._counter = itertools.count()
         self._closed = False
         self._lock = threading.Lock()
         sandboxes_dir().mkdir(parents=True, exist_ok=True)
         self.root = Path(tempfile.mkdtemp(prefix="sbx-", dir=sandboxes_dir()))
+        self.uid: int | None = None
         try:
             (self.root / _OWNER_FILE).write_text(json.dumps({**owner_labels(), "id": self.id}))
             for sub in ("tmp", "home"):
@@ -205,17 +247,22 @@ class LocalSandbox:
             copied = subprocess.run(["cp", "-a", str(source), self.workdir], capture_output=True, text=True)
             if copied.returncode != 0:
                 raise SandboxError(f"cannot copy {source} into a sandbox: {copied.stderr.strip()}")
-            if self.isolation == "bwrap" and os.geteuid() == 0:
+            self.uid = _claim_uid(self.root) if self.isolation == "bwrap" and os.geteuid() == 0 else None
+            if self.uid is not None:
                 for sub in ("tmp", "home", "repo"):
-                    subprocess.run(["chown", "-R", f"{SANDBOX_UID}:{SANDBOX_UID}", str(self.root / sub)],
+                    subprocess.run(["chown", "-R", f"{self.uid}:{self.uid}", str(self.root / sub)],
                                    check=True, capture_output=True)  # fmt: skip
         except BaseException:
             shutil.rmtree(self.root, ignore_errors=True)
+            if self.uid is not None:
+                _uid_file(self.uid).unlink(missing_ok=True)
             raise
-        bindir = str(Path(sys.executable).parent)  # the running Python's tools (python, pytest) come first
+        path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        if host_python:  # the running Python's tools (python, pytest) come first
+            path = f"{Path(sys.executable).parent}:{path}"
         self._env = {
             **COMMAND_ENV,
-            "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}",
+            "PATH": path,
             "HOME": str(self.root / "home"),
             "TMPDIR": "/tmp" if self.isolation == "bwrap" else str(self.root / "tmp"),
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # the host's pytest plugins are not the task's
@@ -230,7 +277,7 @@ class LocalSandbox:
         if self.isolation == "none":
             return argv
         writable = [str(self.root / sub) for sub in ("home", "repo")]
-        readonly = [*_python_prefixes(), *self.ro_binds]
+        readonly = [*_python_prefixes(self.host_python), *self.ro_binds]
         binds = [*_system_binds(), "--proc", "/proc", "--dev", "/dev"]
         binds += ["--bind", str(self.root / "tmp"), "/tmp"]
         binds += _parents([*readonly, *writable])  # after /tmp: a venv under /tmp gets traversable parents
@@ -238,10 +285,13 @@ class LocalSandbox:
             binds += ["--bind", path, path]
         for path in readonly:
             binds += ["--ro-bind", path, path]
+        if not self.host_python:
+            for path in _site_dirs():
+                binds += ["--tmpfs", path]
         flags = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                  "--die-with-parent", "--new-session"]  # fmt: skip
         if os.geteuid() == 0:  # drop to the sandbox uid for real: no capability, rlimits that count
-            drop = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
+            drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
                     "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]  # fmt: skip
         else:  # an unprivileged user: a user namespace of its own
             flags += ["--unshare-user", "--cap-drop", "ALL"]
@@ -402,6 +452,8 @@ class LocalSandbox:
             self._closed = True
         kill_marked(f"{SANDBOX_MARKER}={self.id}")
         shutil.rmtree(self.root, ignore_errors=True)
+        if self.uid is not None:
+            _uid_file(self.uid).unlink(missing_ok=True)
 
     def __enter__(self) -> LocalSandbox:
         return self
@@ -434,4 +486,8 @@ def reap_sandboxes(root: Path | None = None) -> list[str]:
             kill_marked(f"{SANDBOX_MARKER}={owner['id']}")
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry.name)
+    for claim in (root / ".uids").glob("*"):  # uids whose sandbox directory is gone
+        with contextlib.suppress(OSError):
+            if not (root / claim.read_text().strip()).is_dir():
+                claim.unlink()
     return removed

@@ -69,3 +69,22 @@ def test_mine_cli_bad_repo_is_one_line(tmp_path):
         capture_output=True, text=True, cwd=Path(__file__).parents[1],
     )  # fmt: skip
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_mine_src_layout_range(tmp_path):
+    """cachetools is a src layout with no pytest `pythonpath` setting: its tests import the package only
+    through the task environment's import root, which grading keeps (it once replaced PYTHONPATH, and
+    mining this repository found no task). The newest 2 commits up to cachetools 57d2e48 (Fix #387)."""
+    bundle = BUNDLE.with_name("cachetools.bundle")
+    if not bundle.is_file():
+        pytest.skip("shared repositories missing")
+    repo = tmp_path / "cachetools"
+    subprocess.run(["git", "clone", "-q", str(bundle), str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "checkout", "-q", "57d2e48"], check=True)
+    out = tmp_path / "tasks.jsonl"
+    install = {"install": "pip install -e .", "test_cmd": "pytest -rA"}
+    counts = mine(repo, out, name="tkem/cachetools", install=install, runs=1, limit=2, workers=1)
+    assert counts["commits"] == 2 and counts["valid"] == 1, counts
+    (task,) = load_tasks(out)
+    assert (repo / "src" / "cachetools").is_dir() and "src/cachetools/" in task.patch
+    assert task.fail_to_pass and set(task.reference_statuses) == {*task.fail_to_pass, *task.pass_to_pass}

@@ -7,6 +7,7 @@ capability, no host process is visible; a detached, env-cleared process dies at 
 
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import time
 from pathlib import Path
@@ -45,6 +46,12 @@ def test_nothing_outside_the_checkout_is_visible():
         assert sb.exec("mount -o remount,rw / && touch /usr/escaped").exit_code != 0
         assert sb.exec(f"kill -0 {__import__('os').getpid()}").exit_code != 0  # no host pid is visible
         assert int(sb.exec("ls /proc | grep -c '^[0-9]'").output) < 10
+        # the trainer's interpreter: its virtualenv is not there, the base's site-packages are empty
+        # (a non-editable `pip install .` puts every built-in task's gold patch there)
+        assert sb.exec(f"ls {sys.prefix}").exit_code != 0 or sys.prefix == sys.base_prefix
+        site = sysconfig.get_path("purelib", vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
+        assert sb.exec(f"ls -A {site}").output.strip() == "", site
+        assert sb.exec("python -c 'import pytest, sys; print(sys.prefix)'").exit_code == 0  # the task venv
 
 
 def test_scaffold_file_commands_cannot_touch_the_host(tmp_path):
@@ -128,3 +135,29 @@ def test_sparse_file_and_fifo_report_stay_small_and_fast(backend):
     assert float(out["maxrss_mb"]) - float(out["baseline_mb"]) < 200, done.stdout  # peak growth
     assert float(out["seconds"]) < 20, done.stdout
     assert "not a regular file" in done.stdout and "bytes read at most" in done.stdout
+
+
+def _processes_of(uid: int) -> int:
+    done = subprocess.run(["pgrep", "-c", "-u", str(uid)], capture_output=True, text=True)
+    return int(done.stdout.strip() or 0)
+
+
+def test_a_sandbox_at_its_process_limit_does_not_stop_another_grading():
+    """Each bwrap sandbox has a uid of its own (as root), so RLIMIT_NPROC (512) counts per sandbox: a
+    fork flood filling one sandbox's process limit leaves another's grading alone."""
+    import os
+    import threading
+
+    from envs import grade
+
+    if os.geteuid() != 0:
+        pytest.skip("per-sandbox uids need root (otherwise each sandbox is its own user namespace)")
+    with open_sandbox(TASK, "local") as hog:
+        flood = "for i in $(seq 2000); do sleep 30 & done 2>/dev/null; wait"
+        threading.Thread(target=hog.exec, args=(flood, 40), daemon=True).start()
+        deadline = time.monotonic() + 20
+        while _processes_of(hog.uid) < 500 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_of(hog.uid) >= 500  # the hog is at its limit
+        result = grade(TASK, TASK.patch)
+        assert result.resolved, (result.reason, result.log[-1500:])

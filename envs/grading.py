@@ -42,7 +42,7 @@ import secrets
 import shlex
 import tomllib
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -71,7 +71,7 @@ REPORT_LIMIT = 16 << 20  # bytes of the grader's report read back at most (a lon
 FORGED = "forged result"
 _PYTEST_RE = re.compile(r"^\s*(?:\w+=\S*\s+)*(?P<py>python3?\s+-m\s+pytest|pytest)(?:\s|$)")
 _PLUGIN_SOURCE = Path(__file__).with_name("grader_plugin.py")
-_LAUNCHER = "import sys\n\nimport pytest\n\nsys.exit(getattr(pytest, 'console_main', pytest.main)())\n"
+_LAUNCHER = "import sys\n\nimport pytest\n\nsys.exit(pytest.main())\n"
 _NOT_STARTED = "the test command cannot start"
 # Added code that tampers with the runner or its report. Runner-internal names are exempt in a
 # project that tracks the runner itself (pytest's own repository).
@@ -105,6 +105,7 @@ class GradeResult:
     tamper: tuple[str, ...] = ()
     canaries: int = 0
     notes: tuple[str, ...] = ()
+    uncollected: tuple[str, ...] = ()  # graded test files the run could not collect (import errors)
 
 
 def _git(sandbox: Sandbox, args: str, timeout: float = 120) -> tuple[bool, str]:
@@ -318,6 +319,7 @@ def parse_report(text: str) -> Report:
             exitstatus = rec.get("exitstatus")
         elif event == "collect":
             collect.add(str(rec.get("nodeid")))
+            messages[str(rec.get("nodeid"))] = str(rec.get("message", ""))
         elif event == "test" and rec.get("when") in ("setup", "call", "teardown"):
             node = str(rec.get("nodeid"))
             status = _status(rec)
@@ -482,6 +484,9 @@ def grade_in(
                 f"the test command exited {run.exit_code} but its session ended with {report.exitstatus}"
             )
         finished = disagree is None and not run.timed_out
+        if not tests and run.exit_code in (2, 3, 4):  # stopped before collecting (conftest, config)
+            broken.add("")
+            messages[""] = run.output[-1000:]
     else:
         run = sandbox.exec(command, timeout=test_timeout)
         tests, messages = PARSERS[task.log_parser](run.output)
@@ -495,11 +500,15 @@ def grade_in(
         task, tests, messages, run.output, run.exit_code, run.timed_out, tuple(dropped), disagree
     )
     forged = _forged(canaries, tests, broken, finished, task)
-    result = GradeResult(
+    files = {t.split("::")[0] for t in (*task.fail_to_pass, *task.pass_to_pass)}
+    uncollected = sorted(
+        f for f in files if any(b in ("", ".") or f == b or f.startswith(b + "/") for b in broken)
+    )
+    return GradeResult(
         result.resolved and not forged, result.tests, result.log, forged or result.reason, result.messages,
         result.dropped_paths, tamper=(FORGED,) if forged else (), canaries=len(canaries), notes=notes,
+        uncollected=tuple(uncollected),
     )  # fmt: skip
-    return result
 
 
 def _verdict(
@@ -523,12 +532,38 @@ def _verdict(
     return GradeResult(not reason, statuses, log, reason or "resolved", messages, dropped)
 
 
+_GOLD_UNCOLLECTED: dict[tuple[str, str], tuple[str, ...]] = {}  # (task, backend) -> files gold cannot collect
+
+
 def grade(task: Task, patch: str, backend: str = "local", *, test_timeout: float = DEFAULT_TEST_TIMEOUT_S,
           case_timeout: float = DEFAULT_CASE_TIMEOUT_S, **limits: Any) -> GradeResult:  # fmt: skip
     """Grade `patch` for `task` in a fresh sandbox of `backend` (see the module docstring). A
-    sandbox that fails (cannot start, dies) is an infrastructure failure (`error`), not an exception."""
-    try:
-        with open_sandbox(task, backend, **limits) as sandbox:
-            return grade_in(sandbox, task, patch, test_timeout=test_timeout, case_timeout=case_timeout)
-    except SandboxError as err:
-        return GradeResult(False, {}, "", f"sandbox failure: {err}", error=True)
+    sandbox that fails (cannot start, dies) is an infrastructure failure (`error`), not an exception.
+    Graded test files that do not collect are the patch's failure unless they do not collect with the
+    gold patch either (the task environment is broken: `error`; gold's outcome is cached per process)."""
+
+    def run(p: str) -> GradeResult:
+        try:
+            with open_sandbox(task, backend, **dict(limits)) as sandbox:
+                return grade_in(sandbox, task, p, test_timeout=test_timeout, case_timeout=case_timeout)
+        except SandboxError as err:
+            return GradeResult(False, {}, "", f"sandbox failure: {err}", error=True)
+
+    result = run(patch)
+    if result.error or not result.uncollected:
+        return result
+    key = (task.instance_id, backend)
+    if patch == task.patch:
+        _GOLD_UNCOLLECTED[key] = result.uncollected
+    elif key not in _GOLD_UNCOLLECTED:
+        gold = run(task.patch)
+        _GOLD_UNCOLLECTED[key] = () if gold.error else gold.uncollected
+    broken = [f for f in result.uncollected if f in _GOLD_UNCOLLECTED[key]]
+    if not broken:
+        return result
+    message = next((m for k, m in result.messages.items() if broken[0].startswith(k)), "")
+    lines = (
+        [ln.strip() for ln in message.splitlines() if "Error" in ln] or message.strip().splitlines() or [""]
+    )
+    why = f"the task environment cannot collect {broken[0]}, even with the gold patch: {lines[-1][-300:]}"
+    return replace(result, resolved=False, error=True, reason=why)

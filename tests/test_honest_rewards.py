@@ -11,6 +11,7 @@ from test_agent_swe_env import TASKS, play, tok  # noqa: F401 (fixture)
 
 from envs import grade, open_sandbox
 from envs.docker_sandbox import engine_available
+from envs.repos import clean_template
 from envs.sandbox import ARG_LIMIT
 from jaxswe.agent.demos import command_reply
 from jaxswe.agent.swe_env import GradingError, SWEEnv
@@ -120,3 +121,25 @@ def test_plugin_hack_end_to_end_scores_zero_with_a_tamper_flag(tok):  # noqa: F8
     assert traj.ended_by == "submitted" and traj.infra_error is None and "_plug" in traj.patch
     assert traj.reward == 0.0 and traj.metadata["tamper"] == ["reaches into the test runner's internals"]
     assert from_trajectory(TASK.instance_id, traj).tampered
+
+
+def test_tests_that_cannot_collect_even_with_gold_are_an_infra_failure():
+    """A task environment missing what the tests import (a conftest importing an absent package):
+    every grade of it is an infrastructure failure, never reward 0; a patch that breaks collection
+    of a healthy task is the policy's failure."""
+    conftest = "import missing_dependency_xyz\n"
+    broken = _with(TASK, instance_id="broken-env", test_patch=TASK.test_patch + (
+        "diff --git a/tests/conftest.py b/tests/conftest.py\nnew file mode 100644\n"
+        f"--- /dev/null\n+++ b/tests/conftest.py\n@@ -0,0 +1 @@\n+{conftest}"
+    ))  # fmt: skip
+    for patch in (TASK.patch, ""):
+        result = grade(broken, patch)
+        assert result.error and not result.resolved, result.reason
+        assert "cannot collect" in result.reason and "missing_dependency_xyz" in result.reason, result.reason
+    first = (clean_template(TASK) / "billsplit" / "__init__.py").read_text().splitlines()[0]
+    syntax_error = (
+        "diff --git a/billsplit/__init__.py b/billsplit/__init__.py\n--- a/billsplit/__init__.py\n"
+        f"+++ b/billsplit/__init__.py\n@@ -1 +1,2 @@\n+def (:\n {first}\n"
+    )
+    result = grade(TASK, syntax_error)
+    assert not result.resolved and not result.error and result.uncollected, result.reason

@@ -113,10 +113,20 @@ def _git(sandbox: Sandbox, args: str, timeout: float = 120) -> tuple[bool, str]:
     return done.exit_code == 0 and not done.timed_out, done.output
 
 
-def _changed_paths(sandbox: Sandbox) -> list[tuple[str, str]]:
-    """(status letter, path) of every index change against HEAD, renames split, from git itself."""
+def _start_tree(sandbox: Sandbox) -> str:
+    """The fresh sandbox's state as a git tree: HEAD's, plus a task image's own uncommitted setup
+    edits (SWE-bench images change tox.ini and the like), staged so `git apply --index` applies."""
+    ok, out = _git(sandbox, "add -A -- . >/dev/null 2>&1; git write-tree")
+    tree = out.strip().splitlines()[-1:] if ok else []
+    if not tree:
+        raise SandboxError(f"cannot read the checkout's state: {out.strip()[-300:]}")
+    return tree[0]
+
+
+def _changed_paths(sandbox: Sandbox, start: str) -> list[tuple[str, str]]:
+    """(status letter, path) of every index change against `start`, renames split, from git itself."""
     out = f".git/jaxswe-{uuid.uuid4().hex}.names"
-    ok, log = _git(sandbox, f"diff --cached --name-status -z --no-renames HEAD > {out}")
+    ok, log = _git(sandbox, f"diff --cached --name-status -z --no-renames {start} > {out}")
     if not ok:
         raise SandboxError(f"git diff --cached failed: {log.strip()[-300:]}")
     raw = sandbox.read_file(out, max_bytes=REPORT_LIMIT)
@@ -146,8 +156,9 @@ def _binaries(sandbox: Sandbox, paths: list[str]) -> list[str]:
 
 
 def _protected_changes(
-    sandbox: Sandbox, changes: list[tuple[str, str]], test_files: set[str], import_roots: tuple[str, ...]
-) -> list[str]:
+    sandbox: Sandbox, changes: list[tuple[str, str]], test_files: set[str], import_roots: tuple[str, ...],
+    start: str,
+) -> list[str]:  # fmt: skip
     """The changed paths to reset: protected ones, importable binaries, and pyproject.toml files
     whose pytest tables changed."""
     dropped = []
@@ -155,7 +166,7 @@ def _protected_changes(
         if is_protected(path, test_files, new=status == "A", import_roots=import_roots):
             dropped.append(path)
         elif PurePosixPath(path).name == "pyproject.toml" and status != "D":
-            base = sandbox.exec(f"git show HEAD:{shlex.quote(path)}", timeout=30)
+            base = sandbox.exec(f"git show {start}:{shlex.quote(path)}", timeout=30)
             old = _pytest_tables(base.output) if base.exit_code == 0 else None
             if old != _pytest_tables(_read(sandbox, path)):
                 dropped.append(path)
@@ -176,13 +187,13 @@ def _read(sandbox: Sandbox, path: str) -> str:
         return ""
 
 
-def _reset(sandbox: Sandbox, paths: list[str]) -> None:
-    """Put `paths` back to HEAD (tracked) or remove them (new), in index and work tree."""
+def _reset(sandbox: Sandbox, paths: list[str], start: str) -> None:
+    """Put `paths` back to the sandbox's start state (or remove them if new), in index and work tree."""
     for path in paths:
         q = shlex.quote(path)
         sandbox.exec(
-            f"git reset -q HEAD -- {q}; if git cat-file -e HEAD:{q} 2>/dev/null; "
-            f"then git checkout HEAD -- {q}; else rm -rf -- {q}; fi",
+            f"git reset -q {start} -- {q}; if git cat-file -e {start}:{q} 2>/dev/null; "
+            f"then git checkout {start} -- {q}; else rm -rf -- {q}; fi",
             timeout=60,
         )
 
@@ -219,7 +230,7 @@ def _apply_patch(sandbox: Sandbox, patch: str) -> tuple[bool, str]:
     return staged, out + done.output + log
 
 
-def _apply_test_patch(sandbox: Sandbox, test_patch: str) -> tuple[bool, bool, str]:
+def _apply_test_patch(sandbox: Sandbox, test_patch: str, start: str) -> tuple[bool, bool, str]:
     """(applied, applies to the clean base, log)."""
     name = f".git/jaxswe-{uuid.uuid4().hex}.diff"
     sandbox.write_file(name, test_patch)
@@ -227,7 +238,7 @@ def _apply_test_patch(sandbox: Sandbox, test_patch: str) -> tuple[bool, bool, st
     clean = True
     if not ok:
         idx = f".git/jaxswe-{uuid.uuid4().hex}.index"
-        clean, _ = _git(sandbox, f"read-tree --index-output={idx} HEAD && GIT_INDEX_FILE={idx} "
+        clean, _ = _git(sandbox, f"read-tree --index-output={idx} {start} && GIT_INDEX_FILE={idx} "
                                  f"{_GIT} apply --cached --check {name}")  # fmt: skip
     return ok, clean, log
 
@@ -427,9 +438,11 @@ def grade_in(
     sandbox: Sandbox, task: Task, patch: str, *, test_timeout: float = DEFAULT_TEST_TIMEOUT_S,
     case_timeout: float = DEFAULT_CASE_TIMEOUT_S,
 ) -> GradeResult:  # fmt: skip
-    """Grade `patch` in `sandbox`, which must be fresh at the task's clean base state."""
+    """Grade `patch` (a diff against the sandbox's start state) in `sandbox`, which must be fresh at
+    the task's clean state; protected paths go back to that state, a task image's own edits kept."""
     dropped: list[str] = []
     private = f"/tmp/jaxswe-grader-{uuid.uuid4().hex}"
+    start = _start_tree(sandbox)
     if _via_plugin(task.test_command) and (failed := _preflight(sandbox, task, private)) is not None:
         return failed
     if patch.strip():
@@ -440,12 +453,11 @@ def grade_in(
         ok, out = _apply_patch(sandbox, patch)
         if not ok:
             return GradeResult(False, {}, out, f"patch does not apply: {out.strip()[-300:]}")
-        changes = _changed_paths(sandbox)
-        dropped = _protected_changes(
-            sandbox, changes, set(patch_files(task.test_patch)), _import_roots(sandbox)
-        )
-        _reset(sandbox, dropped)
-        kept = sandbox.exec(f"{_GIT} diff --cached --no-color --no-ext-diff --no-textconv --text HEAD",
+        test_files = set(patch_files(task.test_patch))
+        changes = _changed_paths(sandbox, start)
+        dropped = _protected_changes(sandbox, changes, test_files, _import_roots(sandbox), start)
+        _reset(sandbox, dropped, start)
+        kept = sandbox.exec(f"{_GIT} diff --cached --no-color --no-ext-diff --no-textconv --text {start}",
                             timeout=120)  # fmt: skip
         exempt = sandbox.exec(
             "git ls-files -- '_pytest/*' 'src/_pytest/*' | head -1", timeout=30
@@ -455,7 +467,7 @@ def grade_in(
             missing = {t: MISSING for t in [*task.fail_to_pass, *task.pass_to_pass]}
             return GradeResult(False, missing, kept.output[-2000:], f"tampering: {'; '.join(tamper)}",
                                dropped_paths=tuple(dropped), tamper=tamper)  # fmt: skip
-    ok, clean, out = _apply_test_patch(sandbox, task.test_patch)
+    ok, clean, out = _apply_test_patch(sandbox, task.test_patch, start)
     if not ok:
         why = (
             "test_patch does not apply to the clean base"

@@ -162,7 +162,7 @@ def test_usage_error_observation(sc):
 
 
 def test_diff_patch_has_new_files_not_caches_and_applies(sc, repo, tmp_path):
-    base = sc.head_commit()
+    base = sc.start_tree()
     run(sc, "open pkg/mod.py")
     run(sc, "edit 1:1\nfirst")
     run(sc, "create pkg/new.py\nvalue = 42")
@@ -202,7 +202,7 @@ def test_file_commands_on_docker_backend():
     task = load_tasks("builtin")[0]
     with open_sandbox(task, "docker", timeout=60) as sandbox:
         sc = Scaffold(sandbox, PROMPTS, window_lines=5, command_timeout_s=60)
-        base = sc.head_commit()
+        base = sc.start_tree()
         assert run(sc, "cd /tmp").endswith(status(sc, cwd="/tmp"))
         run(sc, f"cd {sandbox.workdir}")
         out = run(sc, "create docker_probe/a.py << 'EOF'\nA = 1\nB = 2\nEOF")

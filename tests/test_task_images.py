@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from envs.backends import open_sandbox
-from envs.images import BASE_IMAGE, build_task_image, env_image
+from envs.images import BASE_IMAGE, build_task_image, env_image, task_image_name
 from envs.tasks import task_from_record
 
 pytestmark = pytest.mark.docker
@@ -81,3 +81,47 @@ def test_environment_and_instance_layers(client, tmp_path, monkeypatch):
     finally:
         for name in reversed(built):
             client.images.remove(name, force=True)
+
+
+def test_an_images_own_setup_edits_survive_the_episode_and_grading(client):
+    """SWE-bench images edit tracked files at setup (Sphinx: `-rA` in tox.ini) and leave the edit
+    uncommitted. The agent's patch is taken against the image's start state and grading resets
+    protected paths to that state, so the edit stays: here it adds `-rA` to the pytest table of
+    pyproject.toml, which the task's log-parsed command needs to see its passing tests."""
+    import dataclasses
+
+    from envs import grade
+    from envs.builtin import load_builtin
+    from jaxswe.agent.prompts import load_prompts
+    from jaxswe.agent.scaffold import Scaffold
+
+    task = next(t for t in load_builtin() if t.instance_id == "builtin__billsplit-1")
+    task = dataclasses.replace(
+        task, test_cmd="python -m pytest -p no:cacheprovider | cat", reference_statuses={}
+    )
+    edited = "jaxswe/test:setup-edits"
+    setup = 's/^testpaths = \\["tests"\\]/testpaths = ["tests"]\\naddopts = "-rA"/'
+    image = build_task_image(task, client=client)
+    container = client.containers.create(image, command=["sed", "-i", setup, "/testbed/pyproject.toml"])
+    try:
+        container.start()
+        assert container.wait(timeout=60)["StatusCode"] == 0
+        container.commit(repository=edited.split(":")[0], tag=edited.split(":")[1])
+    finally:
+        container.remove(force=True)
+    task = dataclasses.replace(task, image=edited)
+    try:
+        with open_sandbox(task, "docker") as sandbox:
+            assert 'addopts = "-rA"' in sandbox.read_file("pyproject.toml")
+            scaffold = Scaffold(sandbox, load_prompts("default"))
+            start = scaffold.start_tree()
+            sandbox.write_file("/tmp/gold.diff", task.patch)
+            assert sandbox.exec("git apply /tmp/gold.diff").exit_code == 0
+            patch = scaffold.diff_patch(start)
+        assert "pyproject.toml" not in patch and "billsplit/" in patch
+        result = grade(task, patch, "docker")
+        assert result.resolved and not result.dropped_paths, (result.reason, result.log[-1500:])
+        assert not grade(task, "", "docker").resolved
+    finally:
+        for tag in (edited, task_image_name(task).replace("jaxswe/task:", "jaxswe/clean:", 1)):
+            subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)

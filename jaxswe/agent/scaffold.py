@@ -304,18 +304,24 @@ class Scaffold:
         return f'Found {len(hits)} matches for "{cmd.term}" in {self.shown(target)}:\n{body}'
 
     # ----------------------------------------------------------------- patch
-    def head_commit(self) -> str:
-        """The checkout's HEAD at episode start (patches are taken against it)."""
+    def start_tree(self) -> str:
+        """The checkout's state at episode start as a git tree (a task image's own uncommitted setup
+        edits included, e.g. SWE-bench's `-rA` in tox.ini): patches are taken against it."""
+        excludes = " ".join(shlex.quote(f":(exclude,glob){p}") for p in PATCH_EXCLUDES)
+        q = shlex.quote(self.workdir)
         result = self.sandbox.exec(
-            f"git -C {shlex.quote(self.workdir)} rev-parse HEAD", self.command_timeout_s
+            f"git -C {q} add -A -- . {excludes} >/dev/null 2>&1; git -C {q} write-tree",
+            self.command_timeout_s,
         )
-        sha = result.output.strip().splitlines()[-1:] if result.exit_code == 0 else []
-        if not sha:
-            raise RuntimeError(f"cannot read HEAD of {self.workdir}: {result.output.strip()[:200]}")
-        return sha[0]
+        tree = result.output.strip().splitlines()[-1:] if result.exit_code == 0 else []
+        if not tree:
+            raise RuntimeError(
+                f"cannot read the start state of {self.workdir}: {result.output.strip()[:200]}"
+            )
+        return tree[0]
 
-    def diff_patch(self, base_commit: str) -> str:
-        """Everything the agent changed since `base_commit`, new files included, caches excluded.
+    def diff_patch(self, start: str) -> str:
+        """Everything the agent changed since `start` (a tree or commit), new files included, caches excluded.
 
         The diff goes to a file under .git (outside the work tree) and is read back whole, so the
         sandbox's output limit never cuts it.
@@ -326,7 +332,7 @@ class Scaffold:
         result = self.sandbox.exec(
             f"git -C {q} add -A -- . {excludes} >/dev/null 2>&1; "
             f"git -C {q} -c core.quotepath=false diff --cached --no-color --no-ext-diff --binary "
-            f"{shlex.quote(base_commit)} > {shlex.quote(out)}",
+            f"{shlex.quote(start)} > {shlex.quote(out)}",
             self.command_timeout_s,
         )
         if result.exit_code != 0 or result.timed_out:

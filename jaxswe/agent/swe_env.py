@@ -69,7 +69,7 @@ class SWEEnv:
         self.scaffold: Scaffold | None = None
         self.patch: str | None = None
         self.grade_result: Any = None
-        self._base_commit: str | None = None
+        self._start_tree: str | None = None
         self._reward: float | None = None
 
     @classmethod
@@ -117,7 +117,7 @@ class SWEEnv:
                 command_timeout_s=self.command_timeout_s,
                 output_limit_chars=self.output_limit_chars,
             )
-            self._base_commit = self.scaffold.head_commit()
+            self._start_tree = self.scaffold.start_tree()
         except BaseException:
             self.close()
             raise
@@ -141,7 +141,7 @@ class SWEEnv:
             )
         try:
             if isinstance(action, Command) and action.name == "submit":
-                self.patch = self.scaffold.diff_patch(self._base_commit)
+                self.patch = self.scaffold.diff_patch(self._start_tree)
                 self.close()
                 return Step("", done=True, ended_by=ENDED_SUBMITTED, info={"patch": self.patch})
             kind = action.name if isinstance(action, Command) else "usage_error"

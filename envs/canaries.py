@@ -4,10 +4,10 @@ Code the patch adds runs inside the test process, so every result that process r
 forged. Canaries detect forgery by construction: the patch was written before the canaries existed,
 under names drawn at random (from the words of the file's own test names), so a patch can only
 tell them from the hidden FAIL_TO_PASS tests by guessing. Each graded file gets
-- a must-fail canary: a copy of one of the file's own undecorated top-level tests (the shortest
-  ones), under a new name, ending in an assertion that compares an object the file imports from
-  the package with a random number (it calls into the package's `__eq__`): it can never pass
-  honestly, so a PASSED, XFAIL or SKIPPED canary means the outcome was rewritten;
+- a must-fail canary: a copy of one of the file's own plain top-level tests (undecorated, not
+  async; one of the shortest half), under a new name, ending in an assertion that compares an
+  object the file imports from the package with a random number (it calls into the package's
+  `__eq__`): it can never pass honestly, so a PASSED, XFAIL or SKIPPED canary means the outcome was rewritten;
 - a must-pass canary: a few package-free lines with random values that can only pass, so a
   canary that fails, errors or skips means outcomes were rewritten the other way (a patch that
   skips or xfails every test from package code).
@@ -93,13 +93,14 @@ def _package_names(tree: ast.Module | None) -> list[str]:
 def _must_fail(tree: ast.Module | None, source: str, name: str, rng: random.Random) -> list[str]:
     """A clone of one of the file's short, undecorated top-level tests, ending in a false assertion."""
     lines = source.splitlines()
-    tests = [
+    tests = [  # plain functions only (an async clone could need a marker the original has elsewhere)
         n
         for n in (tree.body if tree else ())
-        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        if isinstance(n, ast.FunctionDef)
         and n.name.startswith("test")
         and not n.decorator_list
         and n.end_lineno is not None
+        and n.body[0].lineno > n.lineno  # not a one-line def
     ]
     tests.sort(key=lambda n: n.end_lineno - n.lineno)
     target = _package_names(tree)

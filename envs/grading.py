@@ -14,7 +14,8 @@ result was forged. The other layers are tripwires and hygiene on top:
    from git's own index, never from a hand-written diff parser.
 3. Every change to a protected path (envs.patches: tests, conftest.py, runner configuration,
    .gitattributes, start-up hooks, new modules shadowing the runner or the stdlib at an import
-   root, importable binaries) is reset to the base state and named in `dropped_paths`.
+   root, importable binaries) is reset to the sandbox's start state (HEAD plus a task image's own
+   uncommitted setup edits: patches are taken against that state) and named in `dropped_paths`.
 4. The remaining change, every byte of it (attributes and textconv ignored), is scanned for
    tampering (code that reaches into the runner's internals, registers exit hooks, names report
    files): flagged in `tamper`, never resolved.
@@ -231,7 +232,10 @@ def _apply_patch(sandbox: Sandbox, patch: str) -> tuple[bool, str]:
 
 
 def _apply_test_patch(sandbox: Sandbox, test_patch: str, start: str) -> tuple[bool, bool, str]:
-    """(applied, applies to the clean base, log)."""
+    """(applied, applies to the clean base, log). An empty test_patch (SWE-smith: the tests are in
+    the repository) applies trivially."""
+    if not test_patch.strip():
+        return True, True, ""
     name = f".git/jaxswe-{uuid.uuid4().hex}.diff"
     sandbox.write_file(name, test_patch)
     ok, log = _git(sandbox, f"apply --whitespace=nowarn -v {name}")

@@ -4,8 +4,9 @@ For every non-merge commit C with one parent P, in order (each stage's survivors
 1. `src+tests`: C changes both test files (envs.patches.is_test_path, .py) and non-test .py files.
 2. `size`: the non-test part (the gold `patch`) changes <= 7 files and < 500 lines.
 3. `tests ran`: in the task's environment (local sandbox + task venv), the test files C touches run
-   at P with the test part (`test_patch`) applied ("before") and with both parts ("after"),
-   each `runs` times; a run whose test_patch does not apply or reports no test is dropped.
+   (for a touched helper with no tests of its own, such as tests/__init__.py, its directory) at P
+   with the test part (`test_patch`) applied ("before") and with both parts ("after"), each `runs`
+   times; a run whose test_patch does not apply or reports no test is dropped.
 4. `fail-to-pass`: FAIL_TO_PASS = tests not passing before (any run) and passing after (every
    run); PASS_TO_PASS = passing in every run of both; tests whose status differs between runs
    of the same side are flaky and dropped. A task without FAIL_TO_PASS is dropped.
@@ -27,13 +28,13 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from envs.errors import EnvError, TaskError
 from envs.grading import grade
 from envs.parsers import PASSING
-from envs.patches import is_test_path
+from envs.patches import is_test_path, patch_files
 from envs.repos import git
 from envs.tasks import Task, task_from_record
 from envs.validate import static_reject, validate_task
@@ -88,6 +89,22 @@ def split_commit(repo_dir: Path, commit: str) -> tuple[str, str, str] | None:
     return parents[0], git(repo_dir, *diff, *source), git(repo_dir, *diff, *tests)
 
 
+def test_directives(test_patch: str) -> list[str]:
+    """What the tests of a commit's test part run: each test module it touches, and for a touched
+    helper that holds no tests itself (tests/__init__.py with a shared mixin, conftest.py, a data
+    file) the directory of tests that use it."""
+    modules, dirs = [], []
+    for path in patch_files(test_patch):
+        name = PurePosixPath(path).name
+        if name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py")):
+            modules.append(path)
+        else:
+            dirs.append(str(PurePosixPath(path).parent))
+    dirs = sorted(set(dirs))
+    inside = lambda p: any(d == "." or p.startswith(d + "/") for d in dirs)  # noqa: E731
+    return [*dirs, *(m for m in dict.fromkeys(modules) if not inside(m))]
+
+
 def _runs(task: Task, patch: str, runs: int, **limits: Any) -> list[dict[str, str]] | str:
     """Statuses of `runs` test runs with `patch` (+ test_patch), or why they could not run."""
     results = []
@@ -131,6 +148,7 @@ def mine_commit(
         "created_at": git(repo_dir, "log", "-1", "--format=%cI", commit).strip(),
         "source_dir": str(repo_dir.resolve()),
         "mined_from": commit,
+        "test_directives": test_directives(test_patch),
     }
     task = task_from_record(record)
     if why := static_reject(task, max_files=max_files, max_lines=max_lines):

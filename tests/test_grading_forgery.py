@@ -55,6 +55,15 @@ for _name, _mod in list(_sys.modules.items()):
 
         _mod._write = _w
 """,
+    "every test skipped from package code": """
+import pytest as _p
+
+_real_to_roman = to_roman
+
+
+def to_roman(number):
+    _p.skip("not on this platform")
+""",
     "every test xfailed from package code": """
 import pytest as _p
 
@@ -83,12 +92,16 @@ def _check(task, results):
     for what, result in results.items():
         assert not result.resolved and not result.error, (what, result.reason)
         assert result.canaries == 2, what
-    for what, result in results.items():
-        if what != "every test xfailed from package code":
-            assert result.tamper == (FORGED,) and result.reason.startswith(FORGED), (what, result.reason)
-    # xfail from package code: gold's reference statuses say PASSED, so XFAIL does not count
-    xfailed = results["every test xfailed from package code"]
-    assert "XFAIL" in xfailed.reason or FORGED in xfailed.reason, xfailed.reason
+    rewrites = [w for w in results if "from package code" not in w]
+    for what in rewrites:
+        result = results[what]
+        assert result.tamper == (FORGED,) and result.reason.startswith(FORGED), (what, result.reason)
+    # skip / xfail from package code: gold's reference statuses say PASSED, so neither counts (and
+    # the must-fail canary, a copy of a test calling the package, comes back skipped too: flagged)
+    for what, status in (("every test skipped from package code", "SKIPPED"),
+                         ("every test xfailed from package code", "XFAIL")):  # fmt: skip
+        reason = results[what].reason
+        assert status in reason or FORGED in reason, (what, reason)
 
 
 def _grade_all(task, patches, backend):
@@ -152,3 +165,27 @@ def test_canaries_are_drawn_like_the_files_tests():
         must_pass, "SKIPPED", file_skipped=True
     )
     assert not wrong(Canary("x", "f", True), "PASSED", file_skipped=False)
+
+
+def test_a_flooded_report_is_not_read(task, tmp_path):
+    """Package code that appends 60 MB of forged records to the grader's report: the report is over
+    the read cap (16 MB), so it is never read (unresolved), and grading stays small in memory."""
+    import tracemalloc
+
+    flood = """
+import glob as _g, json as _j
+for _p in _g.glob("/tmp/jax" + "swe-grader-*/rep" + "ort.jsonl"):
+    with open(_p, "a") as _f:
+        _line = _j.dumps({"event": "test", "nodeid": "t::x" + "y" * 80, "when": "call", "outcome": "passed"})
+        _f.write((_line + "\\n") * (60 * 2**20 // (len(_line) + 1)))
+"""
+    init = (clean_template(task) / "romans" / "__init__.py").read_text()
+    patch = task.patch + _git_diff(task, {"romans/__init__.py": init + flood}, tmp_path)
+    tracemalloc.start()
+    try:
+        result = grade(task, patch)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not result.resolved and not result.error, result.reason
+    assert peak < 50 * 2**20, peak

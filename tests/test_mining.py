@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from envs.grading import grade
 from envs.mining import STAGES, Outcome, _stable, mine, split_commit, stage_counts
 from envs.tasks import load_tasks
 from envs.validate import validate_task
@@ -88,3 +89,17 @@ def test_mine_src_layout_range(tmp_path):
     (task,) = load_tasks(out)
     assert (repo / "src" / "cachetools").is_dir() and "src/cachetools/" in task.patch
     assert task.fail_to_pass and set(task.reference_statuses) == {*task.fail_to_pass, *task.pass_to_pass}
+    # a forged result on the mined task: every test body replaced from package code, caught by a canary
+    init = "src/cachetools/__init__.py"
+    base = subprocess.run(["git", "-C", str(repo), "show", f"{task.base_commit}:{init}"], capture_output=True,
+                          text=True, check=True).stdout  # fmt: skip
+    forged = _diff(init, base, base + "\nimport pytest as _p\n\n_p.Function.runtest = lambda self: None\n")
+    result = grade(task, forged)
+    assert not result.resolved and result.tamper == ("forged result",), result.reason
+
+
+def _diff(path: str, old: str, new: str) -> str:
+    """A one-hunk git diff of `path` from `old` to `new` (whole-file replacement)."""
+    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    return (f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1,{len(a)} +1,{len(b)} @@\n"
+            + "".join("-" + ln for ln in a) + "".join("+" + ln for ln in b))  # fmt: skip

@@ -75,13 +75,13 @@ def test_mine_cli_bad_repo_is_one_line(tmp_path):
 def test_mine_src_layout_range(tmp_path):
     """cachetools is a src layout with no pytest `pythonpath` setting: its tests import the package only
     through the task environment's import root, which grading keeps (it once replaced PYTHONPATH, and
-    mining this repository found no task). The newest 2 commits up to cachetools 57d2e48 (Fix #387)."""
+    mining this repository found no task). The newest 2 commits up to cachetools 18e5930 (Fix #218)."""
     bundle = BUNDLE.with_name("cachetools.bundle")
     if not bundle.is_file():
         pytest.skip("shared repositories missing")
     repo = tmp_path / "cachetools"
     subprocess.run(["git", "clone", "-q", str(bundle), str(repo)], check=True)
-    subprocess.run(["git", "-C", str(repo), "checkout", "-q", "57d2e48"], check=True)
+    subprocess.run(["git", "-C", str(repo), "checkout", "-q", "18e5930"], check=True)
     out = tmp_path / "tasks.jsonl"
     install = {"install": "pip install -e .", "test_cmd": "pytest -rA"}
     counts = mine(repo, out, name="tkem/cachetools", install=install, runs=1, limit=2, workers=1)

@@ -39,7 +39,11 @@ from envs.repos import git
 from envs.tasks import Task, task_from_record
 from envs.validate import static_reject, validate_task
 
-STAGES = ("commits", "src+tests", "size", "tests ran", "fail-to-pass", "no import/attribute error", "valid")
+STAGES = ("commits", "src+tests", "size", "bug fix, no leak", "tests ran", "fail-to-pass",
+          "no import/attribute error", "valid")  # fmt: skip
+_FIX_WORDS = r"fix(es|ed|ing)?|bugs?|errors?|crash(es)?|incorrect(ly)?|wrong|broken|regression|fails?|failure"
+_FIX_RE = re.compile(rf"\b({_FIX_WORDS})\b", re.IGNORECASE)
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,}")
 DEFAULT_INSTALL = {"install": "pip install -e .", "test_cmd": "pytest -rA"}
 _NAME_ERROR_RE = re.compile(r"\b(ImportError|ModuleNotFoundError|AttributeError)\b")
 _PLACEHOLDER = "jaxswe::placeholder"  # a graded id no run reports (grading wants one F2P test)
@@ -87,6 +91,37 @@ def split_commit(repo_dir: Path, commit: str) -> tuple[str, str, str] | None:
         return None
     diff = ["diff", "--no-renames", "--binary", parents[0], commit, "--"]
     return parents[0], git(repo_dir, *diff, *source), git(repo_dir, *diff, *tests)
+
+
+def statement_problem(statement: str, patch: str, known: Callable[[set[str]], set[str]]) -> str:
+    """Why a commit message is no task statement ('' when it is one): it does not describe a bug fix
+    (no fix/bug/error/... word: features, refactors and releases are not bugs to find), or it gives
+    the fix away (an added line of the patch verbatim, or a code-like name the patch adds that the
+    repository did not have before it; `known(names)` says which of `names` it had)."""
+    if not _FIX_RE.search(statement):
+        return "the commit message does not describe a bug fix"
+    added = [ln[1:].strip() for ln in patch.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    for line in added:
+        if len(line) >= 12 and line in statement:
+            return f"the commit message gives the fix away: {line!r}"
+    named = {w for ln in added for w in _IDENT_RE.findall(ln)} & set(_IDENT_RE.findall(statement))
+    named = {w for w in named if "_" in w or w[1:] != w[1:].lower() or re.search(rf"\b{w}\s*\(", statement)}
+    if new := sorted(named - known(named)):  # code-like names (snake_case, CamelCase, called), not prose
+        return f"the commit message names what the fix adds: {new[0]}"
+    return ""
+
+
+def _known_names(repo_dir: Path, commit: str) -> Callable[[set[str]], set[str]]:
+    """Which of some names occur (as words) anywhere in the repository at `commit`."""
+
+    def known(names: set[str]) -> set[str]:
+        if not names:
+            return set()
+        patterns = [arg for name in sorted(names) for arg in ("-e", name)]
+        found = git(repo_dir, "grep", "-h", "-o", "-w", "-I", *patterns, commit, "--", check=False)
+        return set(found.split()) & names
+
+    return known
 
 
 def test_directives(test_patch: str) -> list[str]:
@@ -153,10 +188,13 @@ def mine_commit(
     task = task_from_record(record)
     if why := static_reject(task, max_files=max_files, max_lines=max_lines):
         return Outcome(commit, "src+tests", why)
+    if why := statement_problem(record["problem_statement"], patch, _known_names(repo_dir, parent)):
+        return Outcome(commit, "size", why)
     before = _runs(task, "", runs, **limits)
     after = _runs(task, patch, runs, **limits) if not isinstance(before, str) else before
     if isinstance(before, str) or isinstance(after, str):
-        return Outcome(commit, "size", f"tests did not run: {before if isinstance(before, str) else after}")
+        why = before if isinstance(before, str) else after
+        return Outcome(commit, "bug fix, no leak", f"tests did not run: {why}")
     stable_after = _stable(after)
     stable_before = _stable(before)
     f2p = sorted(

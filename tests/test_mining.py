@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from envs.grading import grade
-from envs.mining import STAGES, Outcome, _stable, mine, split_commit, stage_counts
+from envs.mining import STAGES, Outcome, _stable, mine, split_commit, stage_counts, statement_problem
 from envs.tasks import load_tasks
 from envs.validate import validate_task
 
@@ -57,11 +57,25 @@ def test_split_and_stage_counts(toolz):
     assert "toolz/itertoolz.py" in patch and "toolz/tests" not in patch and "toolz/tests/" in test_patch
     outcomes = [Outcome("a", "commits"), Outcome("b", "size"), Outcome("c", "valid")]
     assert stage_counts(outcomes, 3) == {
-        "commits": 3, "src+tests": 2, "size": 2, "tests ran": 1, "fail-to-pass": 1,
+        "commits": 3, "src+tests": 2, "size": 2, "bug fix, no leak": 1, "tests ran": 1, "fail-to-pass": 1,
         "no import/attribute error": 1, "valid": 1,
     }  # fmt: skip
     runs = [({"t1": "PASSED", "t2": "FAILED"}, {}), ({"t1": "PASSED", "t2": "PASSED"}, {})]
     assert _stable(runs) == {"t1": "PASSED"}  # t2 is flaky
+
+
+def test_statements_that_are_no_bug_report_or_give_the_fix_away():
+    def nothing_known(names):
+        return set()
+
+    fix = "+++ b/pkg/core.py\n+def parse_strict(text):\n+    return text.strip() or None\n"
+    assert statement_problem("Add a --verbose option", fix, nothing_known).startswith(
+        "the commit message does not"
+    )
+    assert statement_problem("Fix crash on empty input", fix, nothing_known) == ""
+    assert "parse_strict" in statement_problem("Fix crash: call parse_strict()", fix, nothing_known)
+    assert statement_problem("Fix crash: call parse_strict()", fix, lambda names: names) == ""  # it existed
+    assert "return text.strip()" in statement_problem("Fix: return text.strip() or None", fix, nothing_known)
 
 
 def test_mine_cli_bad_repo_is_one_line(tmp_path):

@@ -15,10 +15,10 @@ Both are placed at random top-level positions among the file's tests. A canary m
 that otherwise finished is a forgery too (its report was dropped). A file that failed to collect
 tells nothing (its real tests fail as well).
 
-Runners: pytest (ids `file::name`) and sympy's `bin/test` (ids are function names) collect
-module-level functions; Django's `runtests.py` collects TestCase methods, so its canaries are one
-`SimpleTestCase` class (ids `method (module.Class)`). Any other runner is graded without canaries,
-and the result says so.
+Runners: pytest (ids `file::name`), through the grader's plugin or a log parsed with the pytest
+parser. Django's `runtests.py` and sympy's `bin/test` name tests differently and no such
+repository runs here to check the ids against, so their tasks are graded without canaries, and the
+result says so (a canary id the parser names otherwise would read as a forgery on every gold patch).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from envs.parsers import ERROR, FAILED, MISSING, PASSED, SKIPPED
 
 _WORD_RE = re.compile(r"[a-z][a-z0-9]{2,}")
-_STYLES = ("pytest", "sympy", "django")
+PARSERS = ("pytest", "parse_log_pytest")  # the task log parsers whose runs get canaries
 
 
 @dataclass(frozen=True)
@@ -42,12 +42,6 @@ class Canary:
     test_id: str
     file: str
     must_pass: bool
-
-
-def runner_style(log_parser: str) -> str | None:
-    """The canary style of a task's log parser: pytest, sympy, django, or None (no canaries)."""
-    name = log_parser.removeprefix("parse_log_")
-    return name if name in _STYLES else None
 
 
 def _tree(source: str) -> ast.Module | None:
@@ -115,7 +109,7 @@ def _must_fail(tree: ast.Module | None, source: str, name: str, rng: random.Rand
     return [*body, f"{indent}{final}"]
 
 
-def _must_pass(name: str, rng: random.Random, indent: str = "", args: str = "") -> list[str]:
+def _must_pass(name: str, rng: random.Random) -> list[str]:
     a, b, c = rng.sample(range(2, 1000), 3)
     word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 9)))
     bodies = [
@@ -124,7 +118,7 @@ def _must_pass(name: str, rng: random.Random, indent: str = "", args: str = "") 
         [f"pairs = dict(zip({word!r}, range({len(word)})))", f"assert max(pairs.values()) < {len(word)}"],
         [f"total = {a} + {b}", f"assert total - {b} == {a}"],
     ]
-    return [f"{indent}def {name}({args}):", *(f"{indent}    {ln}" for ln in rng.choice(bodies))]
+    return [f"def {name}():", *(f"    {ln}" for ln in rng.choice(bodies))]
 
 
 def _positions(tree: ast.Module | None, n_lines: int) -> list[int]:
@@ -139,33 +133,14 @@ def _positions(tree: ast.Module | None, n_lines: int) -> list[int]:
     return spots
 
 
-def plant(
-    source: str, file: str, style: str, rng: random.Random, module: str = ""
-) -> tuple[str, list[Canary]]:
-    """(`source` with a must-fail and a must-pass canary inserted, the canaries).
-
-    `style`: runner_style's; `file`: the path in the repository; `module`: Django's dotted module."""
+def plant(source: str, file: str, rng: random.Random) -> tuple[str, list[Canary]]:
+    """(`source`, the test file at `file` in the repository, with a must-fail and a must-pass canary
+    inserted; the canaries with their pytest ids)."""
     tree = _tree(source)
     prefix, words, taken = _vocabulary(tree, source)
     fail_name, pass_name = _fresh_name(rng, prefix, words, taken), _fresh_name(rng, prefix, words, taken)
-    if style == "django":
-        cls = "".join(w.title() for w in rng.sample(words, k=min(2, len(words)))) + "Tests"
-        cls = cls if cls not in taken else cls + str(rng.randint(2, 99))
-        value = rng.randrange(10**8, 10**9)
-        blocks = [[
-            "from django.test import SimpleTestCase as _SimpleTestCase", "", "",
-            f"class {cls}(_SimpleTestCase):",
-            *_must_pass(pass_name, rng, "    ", "self"),
-            "",
-            f"    def {fail_name}(self):",
-            f"        self.assertEqual({value}, {value + 1})",
-        ]]  # fmt: skip
-        canaries = [Canary(f"{fail_name} ({module}.{cls})", file, False),
-                    Canary(f"{pass_name} ({module}.{cls})", file, True)]  # fmt: skip
-    else:
-        blocks = [_must_fail(tree, source, fail_name, rng), _must_pass(pass_name, rng)]
-        ident = (lambda n: f"{file}::{n}") if style == "pytest" else (lambda n: n)
-        canaries = [Canary(ident(fail_name), file, False), Canary(ident(pass_name), file, True)]
+    blocks = [_must_fail(tree, source, fail_name, rng), _must_pass(pass_name, rng)]
+    canaries = [Canary(f"{file}::{fail_name}", file, False), Canary(f"{file}::{pass_name}", file, True)]
     lines = source.splitlines()
     spots = _positions(tree, len(lines))
     placed = sorted(((rng.choice(spots), i) for i in range(len(blocks))), reverse=True)

@@ -48,7 +48,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from envs.backends import open_sandbox
-from envs.canaries import Canary, plant, runner_style, wrong
+from envs.canaries import PARSERS as CANARY_PARSERS
+from envs.canaries import Canary, plant, wrong
 from envs.errors import SandboxError
 from envs.parsers import (
     ERROR,
@@ -387,36 +388,27 @@ def _preflight(sandbox: Sandbox, task: Task, private: str) -> GradeResult | None
                        error=True)  # fmt: skip
 
 
-def _canary_files(task: Task, style: str) -> dict[str, str]:
-    """{file: Django module (else '')} of the graded tests' files."""
-    graded = [*task.fail_to_pass, *task.pass_to_pass]
-    if style == "pytest":
-        return {t.split("::")[0]: "" for t in graded if t.split("::")[0].endswith(".py")}
-    if style == "sympy":
-        return {d: "" for d in task.test_directives if d.endswith(".py")}
-    return {"tests/" + d.replace(".", "/") + ".py": d for d in task.test_directives if "/" not in d}
-
-
 def _plant_canaries(sandbox: Sandbox, task: Task) -> tuple[list[Canary], tuple[str, ...]]:
     """Canaries in every graded test file (see envs.canaries); (canaries, notes on what has none).
-    A pytest command run through the grader's plugin gets `--maxfail=0`; another one that stops at
-    the first failure (`-x`) would stop at the must-fail canary, so it gets none."""
-    style = runner_style(task.log_parser)
-    if style is None:
-        return [], (f"no canaries: log parser {task.log_parser!r} is not a runner canaries exist for",)
-    early = re.search(r"(?:^|\s)(?:-x|--exitfirst|--maxfail(?:=\S+)?)(?:\s|$)", task.test_command)
-    if early and not _via_plugin(task.test_command):
-        return [], ("no canaries: the test command stops at the first failure",)
+    A pytest command run through the grader's plugin (with `--maxfail=0`) gets them, and so does
+    another command whose log the pytest parser reads, unless it stops at the first failure (`-x`:
+    it would stop at the must-fail canary)."""
+    if not _via_plugin(task.test_command):
+        if task.log_parser not in CANARY_PARSERS:
+            return [], (f"no canaries: log parser {task.log_parser!r} is not one canaries exist for",)
+        if re.search(r"(?:^|\s)(?:-x|--exitfirst|--maxfail(?:=\S+)?)(?:\s|$)", task.test_command):
+            return [], ("no canaries: the test command stops at the first failure",)
     rng = random.Random(secrets.randbits(64))
     canaries: list[Canary] = []
     notes = []
-    for file, module in _canary_files(task, style).items():
+    graded = [*task.fail_to_pass, *task.pass_to_pass]
+    for file in dict.fromkeys(t.split("::")[0] for t in graded if t.split("::")[0].endswith(".py")):
         try:
             source = sandbox.read_file(file)
         except SandboxError:
             notes.append(f"no canaries in {file}: cannot read it")
             continue
-        text, planted = plant(source, file, style, rng, module)
+        text, planted = plant(source, file, rng)
         sandbox.write_file(file, text)
         canaries += planted
     return canaries, tuple(notes)

@@ -149,7 +149,7 @@ def test_canaries_are_drawn_like_the_files_tests():
         "def test_to_roman():\n    assert to_roman(1) == 'I'\n\n\n"
         "@pytest.mark.parametrize('n', [1, 2])\ndef test_range(n):\n    assert to_roman(n)\n"
     )
-    text, canaries = plant(source, "tests/test_x.py", "pytest", random.Random(0))
+    text, canaries = plant(source, "tests/test_x.py", random.Random(0))
     names = [c.test_id.split("::")[1] for c in canaries]
     assert all(n.startswith("test_") and n not in source for n in names)
     assert [c.must_pass for c in canaries] == [False, True]

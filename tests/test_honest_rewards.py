@@ -147,6 +147,6 @@ def test_tests_that_cannot_collect_even_with_gold_are_an_infra_failure():
 
 def test_an_empty_test_patch_grades_the_repositorys_own_tests():
     """SWE-smith records have no test_patch (the tests are in the repository): nothing to apply."""
-    own = _with(TASK, test_patch="", fail_to_pass=TASK.pass_to_pass[:1], pass_to_pass=(), reference_statuses={})
+    own = _with(TASK, test_patch="", fail_to_pass=TASK.pass_to_pass[:1], pass_to_pass=())
     result = grade(own, TASK.patch)
     assert result.resolved and result.canaries == 2, result.reason

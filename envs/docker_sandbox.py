@@ -104,6 +104,18 @@ def _age_s(container) -> float:
     return time.time() - when.timestamp()
 
 
+def _listed(client, label: str) -> list:
+    """Containers labelled `label`; listing again when one is removed while the list is inspected."""
+    import docker
+
+    for _ in range(5):
+        try:
+            return client.containers.list(all=True, filters={"label": f"{label}=1"})
+        except docker.errors.NotFound:  # auto-removed between the list and its inspection
+            time.sleep(0.1)
+    return []
+
+
 def reap_containers(client=None) -> list[str]:
     """Remove this host's labelled sandbox and build containers whose owner process is gone; their names.
 
@@ -111,7 +123,7 @@ def reap_containers(client=None) -> list[str]:
     client = _client(client)
     removed = []
     for label in (LABEL, BUILD_LABEL):
-        for container in client.containers.list(all=True, filters={"label": f"{label}=1"}):
+        for container in _listed(client, label):
             labels = container.labels
             owner = {k: labels.get(f"jaxswe.owner_{k}", "") for k in ("host", "pid", "start")}
             if label == BUILD_LABEL and not owner["host"]:

@@ -75,10 +75,12 @@ def test_gold_patch_commands_resolve_every_builtin_task(tok):
 
 
 @pytest.mark.slow  # grades every built-in task (~1-2 s each)
-def test_submitting_nothing_resolves_no_builtin_task(tok):
+def test_submitting_nothing_resolves_nothing(tok):
+    """Through the agent loop, on two tasks (that the empty patch resolves no built-in task is what
+    `jaxswe tasks validate builtin` checks, in CI on a fresh install)."""
     look = command_reply("ls && git status --short", "Let me look around first.")
-    trajs = play(tok, TASKS, [[look, SUBMIT]] * len(TASKS))
-    for task, traj in zip(TASKS, trajs, strict=True):
+    trajs = play(tok, TASKS[:2], [[look, SUBMIT]] * 2)
+    for task, traj in zip(TASKS[:2], trajs, strict=True):
         assert (traj.ended_by, traj.reward, traj.patch) == ("submitted", 0.0, ""), task.instance_id
 
 

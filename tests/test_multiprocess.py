@@ -230,15 +230,15 @@ def _start_toy_rl(
 # position), so the draws do not depend on how concurrent requests happen to batch: both runs
 # sample the same tokens with the config's own batching. 10 iterations: success goes from ~0.02
 # to ~0.35-0.4.
-TOY_RL_SETS = ["rl.iterations=10"]
+TOY_RL_SETS = ["rl.iterations=4"]
 
 
 @pytest.mark.timeout(1800)
 def test_toy_rl_two_processes_learn_like_one(tmp_path):
-    """configs/toy-rl.yaml through the CLI learns on 2 x 4 devices exactly as on 1 x 8: the same
-    pass rate every iteration, the same losses (1e-4) and final params (1e-3: Adam turns the
-    reduction-order differences of near-zero gradients into steps of up to 2 lr); process 1
-    writes nothing but its checkpoint shards."""
+    """configs/toy-rl.yaml through the CLI runs on 2 x 4 devices exactly as on 1 x 8 (4 iterations;
+    that the config learns is tests/test_rl_learning.py's): the same pass rate every iteration,
+    the same losses (1e-4) and final params (1e-3: Adam turns the reduction-order differences of
+    near-zero gradients into steps of up to 2 lr); process 1 writes nothing but its checkpoint shards."""
     from jaxswe.config import load_config
     from jaxswe.stages.runtime import policy_from_checkpoint
 
@@ -246,7 +246,7 @@ def test_toy_rl_two_processes_learn_like_one(tmp_path):
     _wait([*_start_toy_rl(runs[1], 1, tmp_path / "xla"), *_start_toy_rl(runs[2], 2, tmp_path / "xla")])
     one, two = (read_rows(runs[n] / "metrics.jsonl") for n in (1, 2))
     rates = [r["pass_rate"] for r in one]
-    assert len(rates) == 10 and rates[0] <= 0.1 and np.mean(rates[-3:]) >= 0.3, rates  # it learns
+    assert len(rates) == 4, rates
     assert [r["pass_rate"] for r in two] == rates
     trained = [r["optimizer_steps"] > 0 for r in one]
     assert [r["optimizer_steps"] > 0 for r in two] == trained and any(trained)

@@ -3,8 +3,8 @@
 The container's main process is `sleep <lifetime_s>` under the engine's init, and the engine
 removes it when it stops (auto-remove): a container ends itself once its lifetime has passed even
 when the trainer was SIGKILLed. No network; memory, CPU and pids limits; every capability dropped
-and no-new-privileges (root inside can still write the image's root-owned checkout, but cannot
-chown, mount, trace or raise privileges); labelled with its owner
+and no-new-privileges; every command and file write as the unprivileged SANDBOX_USER, who owns the
+repository in the task images (envs.images) and nothing else; labelled with its owner
 (host, pid, process start time) and run. A command longer than ARG_LIMIT goes through a file.
 A container that dies under a command (the command killed its init or ran it out of memory) is
 the policy's doing: that exec and every later one return exit code 137 and a message, and
@@ -32,7 +32,7 @@ import uuid
 import weakref
 
 from envs.errors import SandboxError
-from envs.images import TESTBED
+from envs.images import SANDBOX_USER, TESTBED
 from envs.sandbox import (
     ARG_LIMIT,
     COMMAND_ENV,
@@ -179,7 +179,7 @@ class DockerSandbox:
         self._closed = False
         self.dead = False
         self._lock = threading.Lock()
-        self._env = {**COMMAND_ENV, SANDBOX_MARKER: self.id, **(env or {})}
+        self._env = {**COMMAND_ENV, "HOME": "/tmp", SANDBOX_MARKER: self.id, **(env or {})}
         _reap_once(self.client)
         labels = {
             LABEL: "1",
@@ -222,7 +222,7 @@ class DockerSandbox:
     def _exec_raw(self, argv: list[str], env: dict[str, str] | None = None):
         exec_id = self.api.exec_create(
             self.container.id, argv, stdout=True, stderr=True, stdin=False, tty=False,
-            environment=env or self._env, workdir=self.workdir,
+            environment=env or self._env, workdir=self.workdir, user=SANDBOX_USER,
         )["Id"]  # fmt: skip
         return exec_id, self.api.exec_start(exec_id, stream=True, demux=False)
 
@@ -321,7 +321,13 @@ class DockerSandbox:
         argv = ["timeout", "-s", "KILL", f"{READ_TIMEOUT_S:.0f}s", "sh", "-c", READ_SCRIPT, "read",
                 self._abs(path), str(max_bytes)]  # fmt: skip
         exec_id = self.api.exec_create(
-            self.container.id, argv, stdout=True, stderr=True, workdir=self.workdir, environment=self._env
+            self.container.id,
+            argv,
+            stdout=True,
+            stderr=True,
+            workdir=self.workdir,
+            environment=self._env,
+            user=SANDBOX_USER,
         )["Id"]
         out, err = bytearray(), bytearray()
         for chunk_out, chunk_err in self.api.exec_start(exec_id, stream=True, demux=True):
@@ -341,6 +347,7 @@ class DockerSandbox:
         with tarfile.open(fileobj=buf, mode="w") as tar:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            info.uid, info.gid = (int(n) for n in SANDBOX_USER.split(":"))
             tar.addfile(info, io.BytesIO(data))
         if not self.api.put_archive(self.container.id, parent, buf.getvalue()):
             raise SandboxError(f"cannot write {target}")

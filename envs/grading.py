@@ -508,7 +508,7 @@ def grade_in(
         task, tests, messages, run.output, run.exit_code, run.timed_out, tuple(dropped), disagree
     )
     forged = _forged(canaries, tests, broken, finished, task)
-    files = {t.split("::")[0] for t in (*task.fail_to_pass, *task.pass_to_pass)}
+    files = {f for t in (*task.fail_to_pass, *task.pass_to_pass) if (f := t.split("::")[0]).endswith(".py")}
     uncollected = sorted(
         f for f in files if any(b in ("", ".") or f == b or f.startswith(b + "/") for b in broken)
     )

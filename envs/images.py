@@ -21,6 +21,7 @@ with the system Python before any virtual environment exists.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import os
 import re
@@ -45,6 +46,7 @@ BASE_PACKAGES = (
 )  # fmt: skip
 TASK_VENV = "/opt/jaxswe-venv"
 TESTBED = "/testbed"
+SANDBOX_USER = "1000:1000"  # who runs every sandbox command; owns the repository in task images
 
 
 def apt_mirror(apt_dir: str | Path = "/etc/apt") -> tuple[str, str]:
@@ -210,7 +212,6 @@ def _lines(value) -> list[str]:
 
 def env_image(task: Task, *, client, base: str = BASE_IMAGE) -> tuple[str, dict[str, str]]:
     """(the environment image of the task's recipe over `base`, its environment variables)."""
-    import hashlib
     import json
 
     pip = _lines(task.install.get("pip_packages"))
@@ -250,13 +251,15 @@ def build_task_image(task: Task, *, client=None, base: str = BASE_IMAGE, force: 
     if not _has(client, base):
         raise SandboxError(f"base image {base} is missing; build it with `python -m envs base`")
     parent, env = env_image(task, client=client, base=base)
-    parent_id = client.images.get(parent).id.removeprefix("sha256:")[:12]
-    tag = f"{task_image_name(task)}-{parent_id}"  # a rebuilt base or environment gives new task images
-    if not force and _has(client, tag):
-        return tag
     reqs = [f"[ ! -f {shlex.quote(r)} ] || pip install -q -r {shlex.quote(r)}"
             for r in _lines(task.install.get("reqs_path"))]  # fmt: skip
-    script = "\n".join(["set -e", *reqs, *_lines(task.install.get("install"))])
+    chown = f"chown -R {SANDBOX_USER} {shlex.quote(task.workdir)}"  # what the install wrote too
+    script = "\n".join(["set -e", *reqs, *_lines(task.install.get("install")), chown])
+    parent_id = client.images.get(parent).id.removeprefix("sha256:")[:12]
+    step = hashlib.sha256(script.encode()).hexdigest()[:8]
+    tag = f"{task_image_name(task)}-{parent_id}-{step}"  # a rebuilt base, environment or step: a new image
+    if not force and _has(client, tag):
+        return tag
     archive = _repo_tar(clean_template(task), task.workdir)
     return _layer(client, parent, tag, script, archive=archive, env=env, workdir=task.workdir)
 
@@ -264,6 +267,7 @@ def build_task_image(task: Task, *, client=None, base: str = BASE_IMAGE, force: 
 # Run once in a SWE image: drop everything in /testbed's git after base_commit ($1).
 _CLEAN_HISTORY = r"""
 set -e
+export GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=safe.directory GIT_CONFIG_VALUE_0='*'  # root, a user's repo
 cd "$2"
 git rev-parse -q --verify "$1^{commit}" >/dev/null || { echo "base_commit $1 is not in $2"; exit 3; }
 [ "$(git rev-parse HEAD)" = "$1" ] || git -c advice.detachedHead=false checkout -q "$1"
@@ -275,24 +279,31 @@ done
 rm -f .git/FETCH_HEAD .git/ORIG_HEAD
 git reflog expire --expire=now --all
 git gc -q --prune=now
+chown -R "$3" "$2"
 """
+
+
+def clean_image_name(task: Task) -> str:
+    """The tag of a task's cleaned SWE image (a new cleaning script gives a new tag)."""
+    script = hashlib.sha256(_CLEAN_HISTORY.encode()).hexdigest()[:8]
+    return task_image_name(task).replace("jaxswe/task:", "jaxswe/clean:", 1) + f"-{script}"
 
 
 def clean_swe_image(task: Task, *, client=None, image: str | None = None) -> str:
     """A derived image of the task's SWE image (`image`, default task.image) with the history of
-    the repository at task.workdir cut at base_commit (cached)."""
+    the repository at task.workdir cut at base_commit and the repository owned by SANDBOX_USER (cached)."""
     import docker
 
     client = client or docker.from_env()
     image = image or task.image
-    tag = task_image_name(task).replace("jaxswe/task:", "jaxswe/clean:", 1)
+    tag = clean_image_name(task)
     try:
         client.images.get(tag)
         return tag
     except docker.errors.ImageNotFound:
         pass
     container = client.containers.create(
-        image, command=["bash", "-c", _CLEAN_HISTORY, "clean", task.base_commit, task.workdir],
+        image, command=["bash", "-c", _CLEAN_HISTORY, "clean", task.base_commit, task.workdir, SANDBOX_USER],
         network_mode="none", labels={"jaxswe.build": "1"},
     )  # fmt: skip
     try:

@@ -105,7 +105,7 @@ def statement_problem(statement: str, patch: str, known: Callable[[set[str]], se
         if len(line) >= 12 and line in statement:
             return f"the commit message gives the fix away: {line!r}"
     named = {w for ln in added for w in _IDENT_RE.findall(ln)} & set(_IDENT_RE.findall(statement))
-    named = {w for w in named if "_" in w or w[1:] != w[1:].lower() or re.search(rf"\b{w}\s*\(", statement)}
+    named = {w for w in named if "_" in w or w[1:] != w[1:].lower() or re.search(rf"\b{w}\(", statement)}
     if new := sorted(named - known(named)):  # code-like names (snake_case, CamelCase, called), not prose
         return f"the commit message names what the fix adds: {new[0]}"
     return ""

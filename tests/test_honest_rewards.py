@@ -96,16 +96,19 @@ def test_file_name_that_breaks_a_sandbox_call_is_an_observation():
 
 
 @pytest.mark.docker
-def test_command_that_kills_its_sandbox_scores_zero():
+def test_commands_cannot_kill_their_sandbox():
+    """Commands run as an unprivileged user: out of memory kills the command, `kill -9 -1` kills
+    the user's own processes only, never the container's root-owned init, so the episode goes on."""
     _docker()
     env = SWEEnv(TASK, backend="docker", sandbox_limits={"mem_limit": "256m"})
     env.reset()
     oom = env.step("```\npython3 -c 'x = bytearray(1 << 30)'\n```")  # the kernel kills the command
     assert not oom.done and "exit code 137" in oom.observation.lower().replace("exited with", "exit code")
-    # every process, the container's main one too: the sandbox is gone
     step = env.step("```\nkill -9 -1\n```")
-    assert step.done and step.ended_by == "error" and step.info["sandbox_dead"]
-    assert env.reward() == 0.0  # the policy's doing: scored, never excluded
+    assert not step.done and not getattr(env.sandbox, "dead", False)
+    assert env.step("```\nid -u && git status --short\n```").observation.startswith("1000")
+    env.step(SUBMIT)
+    assert env.reward() == 0.0
 
 
 def test_plugin_hack_end_to_end_scores_zero_with_a_tamper_flag(tok):  # noqa: F811

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from envs.backends import open_sandbox
-from envs.images import BASE_IMAGE, build_task_image, env_image, task_image_name
+from envs.images import BASE_IMAGE, build_task_image, clean_image_name, env_image
 from envs.tasks import task_from_record
 
 pytestmark = pytest.mark.docker
@@ -123,5 +123,5 @@ def test_an_images_own_setup_edits_survive_the_episode_and_grading(client):
         assert result.resolved and not result.dropped_paths, (result.reason, result.log[-1500:])
         assert not grade(task, "", "docker").resolved
     finally:
-        for tag in (edited, task_image_name(task).replace("jaxswe/task:", "jaxswe/clean:", 1)):
+        for tag in (edited, clean_image_name(task)):
             subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)

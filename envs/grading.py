@@ -176,10 +176,16 @@ def _protected_changes(
     return dropped + _binaries(sandbox, kept)
 
 
-def _import_roots(sandbox: Sandbox) -> tuple[str, ...]:
-    """Where a new top-level module would be importable: the root, and `src/` in a src layout."""
-    has_src = sandbox.exec("git ls-files -- 'src/*.py' 'src/*/__init__.py' | head -1", timeout=30).output
-    return (".", "src") if has_src.strip() else (".",)
+def _layout(sandbox: Sandbox) -> tuple[tuple[str, ...], bool]:
+    """(where a new top-level module would be importable: the root, and `src/` in a src layout;
+    whether the project tracks the test runner itself, pytest's own repository), in one call."""
+    found = sandbox.exec(
+        "git ls-files -- 'src/*.py' 'src/*/__init__.py' | head -1; echo :; "
+        "git ls-files -- '_pytest/*' 'src/_pytest/*' | head -1",
+        timeout=30,
+    ).output
+    src, _, runner = found.partition(":")
+    return ((".", "src") if src.strip() else (".",)), bool(runner.strip())
 
 
 def _read(sandbox: Sandbox, path: str) -> str:
@@ -372,9 +378,18 @@ def _test_status(phases: dict[str, str]) -> str:
 def _preflight(sandbox: Sandbox, task: Task, private: str) -> GradeResult | None:
     """On the clean base, before the patch: the runner starts, loads the grader's plugin and takes
     the config's options (`--help` loads every plugin), else the test command cannot start."""
-    sandbox.write_file(f"{private}/pytest.ini", "[pytest]\n")
-    sandbox.write_file(f"{private}/jaxswe_grader.py", _PLUGIN_SOURCE.read_text())
-    sandbox.write_file(f"{private}/jaxswe_pytest.py", _LAUNCHER)
+    files = {
+        "pytest.ini": "[pytest]\n",
+        "jaxswe_grader.py": _PLUGIN_SOURCE.read_text(),
+        "jaxswe_pytest.py": _LAUNCHER,
+    }
+    written = sandbox.exec(
+        f"mkdir -p {private} && "
+        + " && ".join(f"printf %s {shlex.quote(t)} > {private}/{n}" for n, t in files.items()),
+        timeout=30,
+    )  # one call for the grader's three files
+    if written.exit_code != 0:
+        raise SandboxError(f"cannot write the grader's files: {written.output.strip()[-300:]}")
     command, env = build_test_command(task, private, _config_file(sandbox))
     if not env:
         return None
@@ -451,14 +466,12 @@ def grade_in(
             return GradeResult(False, {}, out, f"patch does not apply: {out.strip()[-300:]}")
         test_files = set(patch_files(task.test_patch))
         changes = _changed_paths(sandbox, start)
-        dropped = _protected_changes(sandbox, changes, test_files, _import_roots(sandbox), start)
+        roots, runner_project = _layout(sandbox)
+        dropped = _protected_changes(sandbox, changes, test_files, roots, start)
         _reset(sandbox, dropped, start)
         kept = sandbox.exec(f"{_GIT} diff --cached --no-color --no-ext-diff --no-textconv --text {start}",
                             timeout=120)  # fmt: skip
-        exempt = sandbox.exec(
-            "git ls-files -- '_pytest/*' 'src/_pytest/*' | head -1", timeout=30
-        ).output.strip()
-        tamper = tamper_reasons(kept.output, runner_exempt=bool(exempt))
+        tamper = tamper_reasons(kept.output, runner_exempt=runner_project)
         if tamper:
             missing = {t: MISSING for t in [*task.fail_to_pass, *task.pass_to_pass]}
             return GradeResult(False, missing, kept.output[-2000:], f"tampering: {'; '.join(tamper)}",

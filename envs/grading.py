@@ -553,7 +553,7 @@ def _verdict(
     return GradeResult(not reason, statuses, log, reason or "resolved", messages, dropped)
 
 
-_GOLD_UNCOLLECTED: dict[tuple[str, str], tuple[str, ...]] = {}  # (task, backend) -> files gold cannot collect
+_GOLD_UNCOLLECTED: dict[tuple, tuple[str, ...]] = {}  # (task, backend) -> the files gold cannot collect
 
 
 def grade(task: Task, patch: str, backend: str = "local", *, test_timeout: float = DEFAULT_TEST_TIMEOUT_S,
@@ -573,7 +573,12 @@ def grade(task: Task, patch: str, backend: str = "local", *, test_timeout: float
     result = run(patch)
     if result.error or not result.uncollected:
         return result
-    key = (task.instance_id, backend)
+    key = (
+        task.instance_id,
+        task.base_commit,
+        hash((task.patch, task.test_patch, task.test_command)),
+        backend,
+    )
     if patch == task.patch:
         _GOLD_UNCOLLECTED[key] = result.uncollected
     elif key not in _GOLD_UNCOLLECTED:

@@ -4,7 +4,6 @@ planted at grade time stand between these patches and reward 1 (envs.canaries): 
 unresolved with the `forged result` flag, on both backends; the gold patch must resolve unflagged.
 """
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -119,9 +118,7 @@ def test_forgeries_local(task, tmp_path):
 @pytest.mark.docker
 def test_forgeries_docker(task, tmp_path):
     if not engine_available():
-        if os.environ.get("CI"):
-            pytest.fail("CI is set but no Docker engine is reachable")
-        pytest.skip("no Docker engine reachable")
+        pytest.skip("no Docker engine reachable")  # a failure in CI (tests/conftest.py)
     _check(task, _grade_all(task, _patches(task, tmp_path), "docker"))
 
 

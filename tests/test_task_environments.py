@@ -33,9 +33,7 @@ def test_task_environments_local():
 @pytest.mark.docker
 def test_task_environments_docker(monkeypatch):
     if not engine_available():
-        if os.environ.get("CI"):
-            pytest.fail("CI is set but no Docker engine is reachable")
-        pytest.skip("no Docker engine reachable")
+        pytest.skip("no Docker engine reachable")  # a failure in CI (tests/conftest.py)
     if os.environ.get("CI"):
         monkeypatch.setenv("JAXSWE_BUILD_NETWORK", "host")  # an engine run with --bridge=none (CI)
     _check("docker")

@@ -51,16 +51,19 @@ def _tree(source: str) -> ast.Module | None:
         return None
 
 
-def _vocabulary(tree: ast.Module | None, source: str) -> tuple[str, list[str], set[str]]:
-    """(the test-name prefix, words of the file's test names, every identifier in the file)."""
+def _vocabulary(tree: ast.Module | None, source: str, graded: list[str]) -> tuple[str, list[str], set[str]]:
+    """(the test-name prefix, words of the file's test names, every identifier in the file). The
+    prefix is the graded tests' own (`test_`, or `check_` where the config collects those)."""
     names = [
         n.name
         for n in (ast.walk(tree) if tree else ())
-        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name.startswith("test")
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (n.name.startswith("test") or n.name in graded)
     ]
     taken = set(re.findall(r"[A-Za-z_]\w*", source))
-    words = [w for n in names for w in _WORD_RE.findall(n.lower()) if w != "test"]
-    prefix = "test_" if not names or any(n.startswith("test_") for n in names) else "test"
+    first = (graded or names or ["test_"])[0]
+    prefix = first[: first.index("_") + 1] if "_" in first else "test"
+    words = [w for n in names for w in _WORD_RE.findall(n.lower()) if w != prefix.strip("_")]
     return prefix, words or ["value", "case", "result", "check", "basic"], taken
 
 
@@ -84,14 +87,14 @@ def _package_names(tree: ast.Module | None) -> list[str]:
     return names
 
 
-def _must_fail(tree: ast.Module | None, source: str, name: str, rng: random.Random) -> list[str]:
+def _must_fail(tree: ast.Module | None, source: str, name: str, prefix: str, rng: random.Random) -> list[str]:
     """A clone of one of the file's short, undecorated top-level tests, ending in a false assertion."""
     lines = source.splitlines()
     tests = [  # plain functions only (an async clone could need a marker the original has elsewhere)
         n
         for n in (tree.body if tree else ())
         if isinstance(n, ast.FunctionDef)
-        and n.name.startswith("test")
+        and n.name.startswith(prefix)
         and not n.decorator_list
         and n.end_lineno is not None
         and n.body[0].lineno > n.lineno  # not a one-line def
@@ -121,40 +124,44 @@ def _must_pass(name: str, rng: random.Random) -> list[str]:
     return [f"def {name}():", *(f"    {ln}" for ln in rng.choice(bodies))]
 
 
-def _positions(tree: ast.Module | None, n_lines: int) -> list[int]:
+def _positions(tree: ast.Module | None, n_lines: int, prefix: str) -> list[int]:
     """0-based line indices where a top-level block may be inserted among the tests (and the end)."""
     spots = [n_lines]
     for node in tree.body if tree else ():
         if isinstance(
             node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
-        ) and node.name.lower().startswith("test"):
+        ) and node.name.lower().startswith(("test", prefix)):
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             spots.append(first - 1)
     return spots
 
 
-def plant(source: str, file: str, rng: random.Random) -> tuple[str, list[Canary]]:
+def plant(source: str, file: str, rng: random.Random, graded: list[str] = ()) -> tuple[str, list[Canary]]:
     """(`source`, the test file at `file` in the repository, with a must-fail and a must-pass canary
-    inserted; the canaries with their pytest ids)."""
+    inserted; the canaries with their pytest ids). `graded`: the names of the file's graded tests."""
     tree = _tree(source)
-    prefix, words, taken = _vocabulary(tree, source)
+    prefix, words, taken = _vocabulary(tree, source, list(graded))
     fail_name, pass_name = _fresh_name(rng, prefix, words, taken), _fresh_name(rng, prefix, words, taken)
-    blocks = [_must_fail(tree, source, fail_name, rng), _must_pass(pass_name, rng)]
+    blocks = [_must_fail(tree, source, fail_name, prefix, rng), _must_pass(pass_name, rng)]
     canaries = [Canary(f"{file}::{fail_name}", file, False), Canary(f"{file}::{pass_name}", file, True)]
     lines = source.splitlines()
-    spots = _positions(tree, len(lines))
+    spots = _positions(tree, len(lines), prefix)
     placed = sorted(((rng.choice(spots), i) for i in range(len(blocks))), reverse=True)
-    for at, i in placed:  # the later spot first, so earlier indices stay right
-        lines[at:at] = ["", "", *blocks[i], "", ""]
+    for at, i in placed:  # the later spot first, so earlier indices stay right; spaced like the rest
+        if at < len(lines):  # before a top-level test, which already has its blank lines above
+            lines[at:at] = [*blocks[i], "", ""]
+        else:
+            while lines and not lines[-1].strip():
+                lines.pop()
+            lines += ["", "", *blocks[i]]
     return "\n".join(lines) + "\n", canaries
 
 
 def wrong(canary: Canary, status: str, *, file_skipped: bool) -> bool:
     """Whether a canary's reported status betrays forgery (MISSING is judged by the caller).
 
-    `file_skipped`: every graded test of the canary's file was skipped too (a module-level skip)."""
-    if status == MISSING:
+    `file_skipped`: every graded test of the canary's file was skipped too (a module-level skip:
+    then a skipped canary is no sign of anything)."""
+    if status == MISSING or (status == SKIPPED and file_skipped):
         return False
-    if canary.must_pass:
-        return status != PASSED and not (status == SKIPPED and file_skipped)
-    return status not in (FAILED, ERROR)
+    return status != PASSED if canary.must_pass else status not in (FAILED, ERROR)

@@ -418,12 +418,13 @@ def _plant_canaries(sandbox: Sandbox, task: Task) -> tuple[list[Canary], tuple[s
     notes = []
     graded = [*task.fail_to_pass, *task.pass_to_pass]
     for file in dict.fromkeys(t.split("::")[0] for t in graded if t.split("::")[0].endswith(".py")):
+        names = [t.split("::")[-1].split("[")[0] for t in graded if t.startswith(file + "::")]
         try:
             source = sandbox.read_file(file)
         except SandboxError:
             notes.append(f"no canaries in {file}: cannot read it")
             continue
-        text, planted = plant(source, file, rng)
+        text, planted = plant(source, file, rng, names)
         sandbox.write_file(file, text)
         canaries += planted
     return canaries, tuple(notes)

@@ -38,6 +38,7 @@ class Validation:
     # each graded test's status under gold (when gold resolved the same way every run): the
     # reference statuses to store with the task (envs.tasks.Task.reference_statuses)
     reference_statuses: dict[str, str] = field(default_factory=dict)
+    infrastructure: bool = False  # the task's environment failed (cannot start or collect), not its patches
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,15 +57,17 @@ def validate_task(task: Task, *, runs: int = 1, backend: str = "local", **limits
         golds = [grade(task, task.patch, backend, **limits) for _ in range(runs)]
         empty = grade(task, "", backend, **limits)
     except EnvError as err:
-        return Validation(task.instance_id, False, f"error: {err}", (), False, False, (), False,
-                          time.monotonic() - start)  # fmt: skip
+        why = f"infrastructure failure: {err}"
+        return Validation(task.instance_id, False, why, (), False, False, (), False, time.monotonic() - start,
+                          infrastructure=True)  # fmt: skip
     graded = [*task.fail_to_pass, *task.pass_to_pass]
     flaky_tests = tuple(t for t in graded if len({g.tests.get(t) for g in golds}) > 1)
     flaky = bool(flaky_tests) or len({g.resolved for g in golds}) > 1
     reference = {t: status_of(t, golds[0].tests) for t in graded}
     stale = [t for t, s in task.reference_statuses.items() if reference.get(t) != s]
-    if any(g.error for g in golds) or empty.error:
-        reason = next(g.reason for g in [*golds, empty] if g.error)
+    infrastructure = any(g.error for g in [*golds, empty])
+    if infrastructure:
+        reason = f"infrastructure failure: {next(g.reason for g in [*golds, empty] if g.error)}"
     elif flaky:
         reason = f"flaky over {runs} runs: {', '.join(flaky_tests) or 'resolved differs'}"
     elif not all(g.resolved for g in golds):
@@ -80,6 +83,7 @@ def validate_task(task: Task, *, runs: int = 1, backend: str = "local", **limits
     return Validation(
         task.instance_id, not reason, reason or "ok", tuple(g.resolved for g in golds), empty.resolved, flaky,
         flaky_tests, _name_error(empty), time.monotonic() - start, reference if not reason else {},
+        infrastructure,
     )  # fmt: skip
 
 

@@ -153,3 +153,11 @@ def test_an_empty_test_patch_grades_the_repositorys_own_tests():
     own = _with(TASK, test_patch="", fail_to_pass=TASK.pass_to_pass[:1], pass_to_pass=())
     result = grade(own, TASK.patch)
     assert result.resolved and result.canaries == 2, result.reason
+
+
+def test_validation_reports_a_broken_environment_as_an_infrastructure_failure():
+    from envs.validate import validate_task
+
+    check = validate_task(_with(TASK, instance_id="no-runner", test_cmd="no-such-runner tests"))
+    assert not check.ok and check.infrastructure and check.reason.startswith("infrastructure failure: ")
+    assert validate_task(TASK).infrastructure is False

@@ -41,7 +41,10 @@ from envs.validate import static_reject, validate_task
 
 STAGES = ("commits", "src+tests", "size", "bug fix, no leak", "tests ran", "fail-to-pass",
           "no import/attribute error", "valid")  # fmt: skip
-_FIX_WORDS = r"fix(es|ed|ing)?|bugs?|errors?|crash(es)?|incorrect(ly)?|wrong|broken|regression|fails?|failure"
+_FIX_WORDS = (
+    r"fix(es|ed|ing)?|bugs?|errors?|crash(es|ed)?|incorrect(ly)?|wrong|broken|regression|fails?|failed"
+    r"|failures?|rais(e|es|ed|ing)|exceptions?|limitation|\w+(Error|Exception)"
+)
 _FIX_RE = re.compile(rf"\b({_FIX_WORDS})\b", re.IGNORECASE)
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,}")
 DEFAULT_INSTALL = {"install": "pip install -e .", "test_cmd": "pytest -rA"}
@@ -95,9 +98,9 @@ def split_commit(repo_dir: Path, commit: str) -> tuple[str, str, str] | None:
 
 def statement_problem(statement: str, patch: str, known: Callable[[set[str]], set[str]]) -> str:
     """Why a commit message is no task statement ('' when it is one): it does not describe a bug fix
-    (no fix/bug/error/... word: features, refactors and releases are not bugs to find), or it gives
-    the fix away (an added line of the patch verbatim, or a code-like name the patch adds that the
-    repository did not have before it; `known(names)` says which of `names` it had)."""
+    (no fix/bug/error/raise/...Error/... word: features, refactors and releases are not bugs to
+    find), or it gives the fix away (an added line of the patch verbatim, or a code-like name the
+    patch adds that the repository did not have before it; `known(names)` says which it had)."""
     if not _FIX_RE.search(statement):
         return "the commit message does not describe a bug fix"
     added = [ln[1:].strip() for ln in patch.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
@@ -162,9 +165,10 @@ def _stable(runs: list[tuple[dict[str, str], dict[str, str]]]) -> dict[str, str]
 
 def mine_commit(
     repo_dir: Path, commit: str, *, name: str, env_commit: str, install: dict[str, Any], runs: int = 3,
-    max_files: int = 7, max_lines: int = 500, **limits: Any,
+    max_files: int = 7, max_lines: int = 500, check_statement: bool = True, **limits: Any,
 ) -> Outcome:  # fmt: skip
-    """Run one commit through the stages (see the module docstring)."""
+    """Run one commit through the stages (see the module docstring); `check_statement=False` skips
+    the `bug fix, no leak` stage (a commit mined for its tests, not as an RL task)."""
     split = split_commit(repo_dir, commit)
     if split is None:
         return Outcome(commit, "commits", "does not change both .py tests and .py source")
@@ -188,7 +192,9 @@ def mine_commit(
     task = task_from_record(record)
     if why := static_reject(task, max_files=max_files, max_lines=max_lines):
         return Outcome(commit, "src+tests", why)
-    if why := statement_problem(record["problem_statement"], patch, _known_names(repo_dir, parent)):
+    if check_statement and (
+        why := statement_problem(record["problem_statement"], patch, _known_names(repo_dir, parent))
+    ):
         return Outcome(commit, "size", why)
     before = _runs(task, "", runs, **limits)
     after = _runs(task, patch, runs, **limits) if not isinstance(before, str) else before

@@ -29,7 +29,8 @@ def isolation(backend: str) -> tuple[str, bool]:
     if bwrap_available():
         return (
             "local: bubblewrap (own pid/mount/net/ipc/uts namespaces, no capabilities, unprivileged uid, "
-            "rlimits; only the episode's checkout is visible)",
+            "rlimits; as root a memory cgroup and a size-capped tmpfs; only the episode's checkout is "
+            "visible)",
             True,
         )
     return "local: NONE (bubblewrap is not installed: model commands run on this host as this user)", False

@@ -15,10 +15,11 @@ Both are placed at random top-level positions among the file's tests. A canary m
 that otherwise finished is a forgery too (its report was dropped). A file that failed to collect
 tells nothing (its real tests fail as well).
 
-Runners: pytest (ids `file::name`), through the grader's plugin or a log parsed with the pytest
-parser. Django's `runtests.py` and sympy's `bin/test` name tests differently and no such
-repository runs here to check the ids against, so their tasks are graded without canaries, and the
-result says so (a canary id the parser names otherwise would read as a forgery on every gold patch).
+Runners (`STYLES`, by log parser): pytest and every SWE-bench parser of a pytest log (ids
+`file::name`, top-level functions); Django's `runtests.py` (unittest classes: the canaries are
+methods of a class that holds graded tests, reported as `name (module.Class...)`); sympy's
+`bin/test` (top-level functions reported by bare name). A canary's status is read by its id, or
+for the last two by its fresh name, whatever the runner prints after it.
 """
 
 from __future__ import annotations
@@ -29,19 +30,37 @@ import re
 import sys
 from dataclasses import dataclass
 
-from envs.parsers import ERROR, FAILED, MISSING, PASSED, SKIPPED
+from envs.parsers import ERROR, FAILED, MISSING, PASSED, SKIPPED, status_of
 
 _WORD_RE = re.compile(r"[a-z][a-z0-9]{2,}")
-PARSERS = ("pytest", "parse_log_pytest")  # the task log parsers whose runs get canaries
+_PYTEST_LOGS = (  # SWE-bench's parsers of `pytest -rA` logs (4.x names and aliases)
+    "pytest", "parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2", "parse_log_seaborn",
+    "parse_log_matplotlib", "parse_log_astroid", "parse_log_flask", "parse_log_marshmallow",
+    "parse_log_pvlib", "parse_log_pyvista", "parse_log_sqlfluff", "parse_log_xarray", "parse_log_pydicom",
+    "parse_log_requests", "parse_log_pylint", "parse_log_astropy", "parse_log_scikit", "parse_log_sphinx",
+)  # fmt: skip
+STYLES = {  # log parser -> how its runner finds and names tests
+    **dict.fromkeys(_PYTEST_LOGS, "pytest"),
+    "django": "unittest", "parse_log_django": "unittest",
+    "parse_log_sympy": "functions",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Canary:
-    """One planted test: its id as the task's log parser names it, its file, what it must do."""
+    """One planted test: its id (pytest) or fresh name (other runners), its file, what it must do,
+    and the graded tests of the same file (`peers`: whether the file ran at all)."""
 
     test_id: str
     file: str
     must_pass: bool
+    peers: tuple[str, ...] = ()
+
+    def status(self, tests: dict[str, str]) -> str:
+        """Its reported status: by pytest id, else the test whose reported name starts with its own."""
+        if "::" in self.test_id:
+            return status_of(self.test_id, tests)
+        return next((s for k, s in tests.items() if k.split(" ", 1)[0] == self.test_id), MISSING)
 
 
 def _tree(source: str) -> ast.Module | None:
@@ -136,14 +155,71 @@ def _positions(tree: ast.Module | None, n_lines: int, prefix: str) -> list[int]:
     return spots
 
 
-def plant(source: str, file: str, rng: random.Random, graded: list[str] = ()) -> tuple[str, list[Canary]]:
+def _method_spots(cls: ast.ClassDef) -> list[int]:
+    """0-based line indices in a class where a method may be inserted (before one, and at the end)."""
+    spots = [cls.end_lineno]
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            spots.append(min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1)
+    return spots
+
+
+def _as_method(block: list[str], indent: str) -> list[str]:
+    """A top-level function block as a method (a `self` parameter, indented into the class)."""
+    block = [re.sub(r"def\s+(\w+)\(\)", r"def \1(self)", block[0], count=1), *block[1:]]
+    return [indent + ln if ln.strip() else ln for ln in block]
+
+
+def _plant_methods(source: str, tree: ast.Module, rng: random.Random, graded: list[str], names: list[str]):
+    """Insert the two canaries as methods of a class holding graded tests; their fresh names."""
+    classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.end_lineno]
+    holders = [c for c in classes if any(isinstance(m, ast.FunctionDef) and m.name in graded for m in c.body)]
+    if not holders:
+        return None
+    cls = rng.choice(holders)
+    methods = [m for m in cls.body if isinstance(m, ast.FunctionDef)]
+    lines = source.splitlines()
+    indent = re.match(r"\s*", lines[methods[0].lineno - 1]).group(0)
+    short = sorted(
+        (m for m in methods if m.name.startswith("test") and not m.decorator_list and m.end_lineno
+         and m.body[0].lineno > m.lineno and len(m.args.args) == 1),
+        key=lambda m: m.end_lineno - m.lineno,
+    )  # fmt: skip
+    target = _package_names(tree)
+    value = rng.randrange(10**8, 10**9)
+    final = f"assert {rng.choice(target)} == {value}" if target else f"assert {value} == {value + 1}"
+    if short:
+        clone = rng.choice(short[: max(1, len(short) // 2)])
+        body = lines[clone.lineno - 1 : clone.end_lineno]
+        body[0] = re.sub(r"def\s+\w+", f"def {names[0]}", body[0], count=1)
+        inner = re.match(r"\s*", lines[clone.body[0].lineno - 1]).group(0)
+        must_fail = [*body, f"{inner}{final}"]
+    else:
+        must_fail = _as_method([f"def {names[0]}():", f"    {final}"], indent)
+    blocks = [must_fail, _as_method(_must_pass(names[1], rng), indent)]
+    spots = _method_spots(cls)
+    for at, i in sorted(((rng.choice(spots), i) for i in range(2)), reverse=True):
+        lines[at:at] = [*blocks[i], ""] if at < cls.end_lineno else ["", *blocks[i]]
+    return "\n".join(lines) + "\n"
+
+
+def plant(
+    source: str, file: str, rng: random.Random, graded: list[str] = (), style: str = "pytest"
+) -> tuple[str, list[Canary]]:
     """(`source`, the test file at `file` in the repository, with a must-fail and a must-pass canary
-    inserted; the canaries with their pytest ids). `graded`: the names of the file's graded tests."""
+    inserted; the canaries). `graded`: the names of the file's graded tests; `style`: a value of
+    STYLES. Nothing is planted (no canaries) in a unittest file with no class holding a graded test."""
     tree = _tree(source)
     prefix, words, taken = _vocabulary(tree, source, list(graded))
     fail_name, pass_name = _fresh_name(rng, prefix, words, taken), _fresh_name(rng, prefix, words, taken)
+    if style == "unittest":
+        text = _plant_methods(source, tree, rng, list(graded), [fail_name, pass_name]) if tree else None
+        if text is None:
+            return source, []
+        return text, [Canary(fail_name, file, False), Canary(pass_name, file, True)]
     blocks = [_must_fail(tree, source, fail_name, prefix, rng), _must_pass(pass_name, rng)]
-    canaries = [Canary(f"{file}::{fail_name}", file, False), Canary(f"{file}::{pass_name}", file, True)]
+    ids = [f"{file}::{n}" for n in (fail_name, pass_name)] if style == "pytest" else [fail_name, pass_name]
+    canaries = [Canary(ids[0], file, False), Canary(ids[1], file, True)]
     lines = source.splitlines()
     spots = _positions(tree, len(lines), prefix)
     placed = sorted(((rng.choice(spots), i) for i in range(len(blocks))), reverse=True)

@@ -249,7 +249,7 @@ class DockerSandbox:
         script = f"{self.shell_init}\n{command}" if self.shell_init else command
         argv = ["timeout", "-s", "KILL", f"{limit:.3f}s", "bash", "-c", script]
         if len(script.encode()) > ARG_LIMIT:  # too long for one argument: through a file
-            path = f"/tmp/.jaxswe-command-{n}.sh"
+            path = f"/tmp/.jaxswe-command-{uuid.uuid4().hex}.sh"
             self._put(path, script.encode())
             argv[-1:] = ['script=$1; shift; . "$script"; rc=$?; rm -f "$script"; exit $rc', "bash", path]
         buf = OutputBuffer(self.output_limit)
@@ -353,18 +353,24 @@ class DockerSandbox:
             raise SandboxError(f"cannot write {target}")
 
     def write_file(self, path: str, content: str) -> None:
-        """Write a text file, creating parent directories (relative paths: under the repository)."""
+        """Write a text file, creating parent directories (relative paths: under the repository).
+
+        The engine extracts archives as root, following symlinks in the path, so the content goes
+        to a fresh name in /tmp (root's, sticky) and the sandbox user copies it to `path`: a
+        symlink the agent planted resolves with that user's rights only."""
         if "\0" in path:
             raise SandboxError(f"cannot write {path!r}: the name holds a NUL byte")
         target = self._abs(path)
-        parent = posixpath.dirname(target)
-        made = self.exec(f"mkdir -p -- {shlex.quote(parent)}", timeout=30)
-        if made.exit_code != 0:
-            raise SandboxError(f"cannot write {path}: {made.output.strip()}")
+        staged = f"/tmp/.jaxswe-write-{uuid.uuid4().hex}"
         try:
-            self._put(target, content.encode())
+            self._put(staged, content.encode())
         except Exception as err:
             raise SandboxError(f"cannot write {path}: {err}") from None
+        t, src = shlex.quote(target), shlex.quote(staged)
+        copy = f'mkdir -p -- "$(dirname -- {t})" && cat -- {src} > {t}; rc=$?; rm -f -- {src}; exit $rc'
+        copied = self.exec(copy, timeout=30)
+        if copied.exit_code != 0:
+            raise SandboxError(f"cannot write {path}: {copied.output.strip()[-300:]}")
 
     # -- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:

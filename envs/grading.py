@@ -36,6 +36,7 @@ result was forged. The other layers are tripwires and hygiene on top:
 
 from __future__ import annotations
 
+import configparser
 import json
 import random
 import re
@@ -48,8 +49,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from envs.backends import open_sandbox
-from envs.canaries import PARSERS as CANARY_PARSERS
-from envs.canaries import Canary, plant, wrong
+from envs.canaries import STYLES, Canary, plant, wrong
 from envs.errors import SandboxError
 from envs.parsers import (
     ERROR,
@@ -73,6 +73,7 @@ REPORT_LIMIT = 16 << 20  # bytes of the grader's report read back at most (a lon
 FORGED = "forged result"
 _PYTEST_RE = re.compile(r"^\s*(?:\w+=\S*\s+)*(?P<py>python3?\s+-m\s+pytest|pytest)(?:\s|$)")
 _PLUGIN_SOURCE = Path(__file__).with_name("grader_plugin.py")
+_FILE_STATUS_RE = re.compile(r"\s+\[(?:OK|FAIL)\]$", re.M)
 _LAUNCHER = "import sys\n\nimport pytest\n\nsys.exit(pytest.main())\n"
 _NOT_STARTED = "the test command cannot start"
 # Added code that tampers with the runner or its report. Runner-internal names are exempt in a
@@ -136,7 +137,16 @@ def _changed_paths(sandbox: Sandbox, start: str) -> list[tuple[str, str]]:
     return [(fields[i], fields[i + 1]) for i in range(0, len(fields) - 1, 2) if fields[i]]
 
 
-def _pytest_tables(text: str) -> Any:
+def _pytest_tables(name: str, text: str) -> Any:
+    """The pytest configuration a pyproject.toml or setup.cfg holds (its `[tool.pytest...]` tables,
+    its `[tool:pytest]` section)."""
+    if name == "setup.cfg":
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read_string(text)
+        except configparser.Error:
+            return "unparseable"
+        return dict(parser["tool:pytest"]) if parser.has_section("tool:pytest") else None
     try:
         return tomllib.loads(text).get("tool", {}).get("pytest")
     except tomllib.TOMLDecodeError:
@@ -159,18 +169,22 @@ def _binaries(sandbox: Sandbox, paths: list[str]) -> list[str]:
 
 def _protected_changes(
     sandbox: Sandbox, changes: list[tuple[str, str]], test_files: set[str], import_roots: tuple[str, ...],
-    start: str,
+    start: str, gold_files: set[str],
 ) -> list[str]:  # fmt: skip
-    """The changed paths to reset: protected ones, importable binaries, and pyproject.toml files
-    whose pytest tables changed."""
+    """The changed paths to reset: protected ones, importable binaries, and pyproject.toml /
+    setup.cfg files whose pytest configuration changed. A file the gold patch itself changes is
+    the task's code, as upstream treats it (only its shadowing and binary rules apply)."""
     dropped = []
     for status, path in changes:
+        name = PurePosixPath(path).name
+        if path in gold_files and status != "A":
+            continue
         if is_protected(path, test_files, new=status == "A", import_roots=import_roots):
             dropped.append(path)
-        elif PurePosixPath(path).name == "pyproject.toml" and status != "D":
+        elif name in ("pyproject.toml", "setup.cfg") and status != "D":
             base = sandbox.exec(f"git show {start}:{shlex.quote(path)}", timeout=30)
-            old = _pytest_tables(base.output) if base.exit_code == 0 else None
-            if old != _pytest_tables(_read(sandbox, path)):
+            old = _pytest_tables(name, base.output) if base.exit_code == 0 else None
+            if old != _pytest_tables(name, _read(sandbox, path)):
                 dropped.append(path)
     kept = [p for s, p in changes if s != "D" and p not in dropped]
     return dropped + _binaries(sandbox, kept)
@@ -262,7 +276,7 @@ def _config_file(sandbox: Sandbox) -> str | None:
         if name not in ("pyproject.toml", "tox.ini", "setup.cfg"):
             return name
         text = _read(sandbox, name)
-        if name == "pyproject.toml" and not _pytest_tables(text):
+        if name == "pyproject.toml" and not _pytest_tables(name, text):
             continue
         if name == "tox.ini" and "[pytest]" not in text:
             continue
@@ -394,8 +408,9 @@ def _preflight(sandbox: Sandbox, task: Task, private: str) -> GradeResult | None
     if not env:
         return None
     run = sandbox.exec(_env_prefix(env, private) + command + " --help", timeout=300)
-    started = parse_report(_read(sandbox, f"{private}/report.jsonl")).started
-    sandbox.exec(f"rm -f {private}/report.jsonl", timeout=30)
+    report = f"{private}/report.jsonl"  # read twice: one slow read under load is not a broken runner
+    started = parse_report(_read(sandbox, report)).started or parse_report(_read(sandbox, report)).started
+    sandbox.exec(f"rm -f {report}", timeout=30)
     if started and run.exit_code == 0:
         return None
     tail = run.output.strip().splitlines()[-1:] or [""]
@@ -405,42 +420,59 @@ def _preflight(sandbox: Sandbox, task: Task, private: str) -> GradeResult | None
 
 def _plant_canaries(sandbox: Sandbox, task: Task) -> tuple[list[Canary], tuple[str, ...]]:
     """Canaries in every graded test file (see envs.canaries); (canaries, notes on what has none).
-    A pytest command run through the grader's plugin (with `--maxfail=0`) gets them, and so does
-    another command whose log the pytest parser reads, unless it stops at the first failure (`-x`:
-    it would stop at the must-fail canary)."""
-    if not _via_plugin(task.test_command):
-        if task.log_parser not in CANARY_PARSERS:
-            return [], (f"no canaries: log parser {task.log_parser!r} is not one canaries exist for",)
-        if re.search(r"(?:^|\s)(?:-x|--exitfirst|--maxfail(?:=\S+)?)(?:\s|$)", task.test_command):
-            return [], ("no canaries: the test command stops at the first failure",)
+    A pytest command run through the grader's plugin (with `--maxfail=0`) gets them, and so does a
+    command whose log parser's runner canaries exist for (envs.canaries.STYLES), unless it stops at
+    the first failure (`-x`: it would stop at the must-fail canary) or names single tests."""
+    graded = [*task.fail_to_pass, *task.pass_to_pass]
+    style = "pytest" if _via_plugin(task.test_command) else STYLES.get(task.log_parser)
+    if style is None:
+        return [], (f"no canaries: log parser {task.log_parser!r} is not one canaries exist for",)
+    if re.search(r"(?:^|\s)(?:-x|--exitfirst|--maxfail(?:=\S+)?)(?:\s|$)", task.test_command):
+        return [], ("no canaries: the test command stops at the first failure",)
+    if style == "pytest":
+        files: dict[str, list[str]] = {}
+        for t in graded:
+            if (file := t.split("::")[0]).endswith(".py"):
+                files.setdefault(file, []).append(t)
+        name_of = {t: t.split("::")[-1].split("[")[0] for t in graded}
+    else:  # tests named by function (and class): the test files test_patch touches that define them
+        name_of = {t: t.split(" ", 1)[0] for t in graded}
+        if any(re.search(rf"\b{re.escape(n)}\b", task.test_command) for n in name_of.values()):
+            return [], ("no canaries: the test command names single tests",)
+        files = {f: list(graded) for f in patch_files(task.test_patch) if f.endswith(".py")}
     rng = random.Random(secrets.randbits(64))
     canaries: list[Canary] = []
     notes = []
-    graded = [*task.fail_to_pass, *task.pass_to_pass]
-    for file in dict.fromkeys(t.split("::")[0] for t in graded if t.split("::")[0].endswith(".py")):
-        names = [t.split("::")[-1].split("[")[0] for t in graded if t.startswith(file + "::")]
+    for file, ids in files.items():
         try:
             source = sandbox.read_file(file)
         except SandboxError:
             notes.append(f"no canaries in {file}: cannot read it")
             continue
-        text, planted = plant(source, file, rng, names)
+        defined = set(re.findall(r"def\s+(\w+)", source))
+        peers = tuple(t for t in ids if name_of[t] in defined) if style != "pytest" else tuple(ids)
+        if not peers:
+            continue
+        text, planted = plant(source, file, rng, [name_of[t] for t in peers], style)
+        if not planted:
+            notes.append(f"no canaries in {file}: no class holds its graded tests")
+            continue
         sandbox.write_file(file, text)
-        canaries += planted
+        canaries += [replace(c, peers=peers) for c in planted]
     return canaries, tuple(notes)
 
 
-def _forged(canaries: list[Canary], tests: dict[str, str], broken_files: set[str], finished: bool,
-            task: Task) -> str:  # fmt: skip
-    """Why the canaries show a forged result ('' when they came back as expected)."""
+def _forged(canaries: list[Canary], tests: dict[str, str], broken_files: set[str], finished: bool) -> str:
+    """Why the canaries show a forged result ('' when they came back as expected). A missing canary
+    is a forgery when the run finished and its file's graded tests were reported (its record was
+    dropped); a skipped one is not where its file's graded tests were all skipped too."""
     for canary in canaries:
         if canary.file in broken_files:
             continue
-        status = status_of(canary.test_id, tests)
-        graded = [s for t in (*task.fail_to_pass, *task.pass_to_pass) if (s := status_of(t, tests)) != MISSING
-                  and t.split("::")[0] == canary.file]  # fmt: skip
-        skipped = bool(graded) and all(s == SKIPPED for s in graded)
-        if wrong(canary, status, file_skipped=skipped) or (status == MISSING and finished):
+        status = canary.status(tests)
+        ran = [s for t in canary.peers if (s := status_of(t, tests)) != MISSING]
+        skipped = bool(ran) and all(s == SKIPPED for s in ran)
+        if wrong(canary, status, file_skipped=skipped) or (status == MISSING and finished and ran):
             expected = "pass" if canary.must_pass else "fail"
             return f"{FORGED}: canary {canary.test_id} must {expected} but came back {status}"
     return ""
@@ -468,7 +500,8 @@ def grade_in(
         test_files = set(patch_files(task.test_patch))
         changes = _changed_paths(sandbox, start)
         roots, runner_project = _layout(sandbox)
-        dropped = _protected_changes(sandbox, changes, test_files, roots, start)
+        gold_files = set(patch_files(task.patch)) - test_files if task.patch.strip() else set()
+        dropped = _protected_changes(sandbox, changes, test_files, roots, start, gold_files)
         _reset(sandbox, dropped, start)
         kept = sandbox.exec(f"{_GIT} diff --cached --no-color --no-ext-diff --no-textconv --text {start}",
                             timeout=120)  # fmt: skip
@@ -486,6 +519,7 @@ def grade_in(
         )
         return GradeResult(False, {}, out, why, dropped_paths=tuple(dropped), error=not clean)
     canaries, notes = _plant_canaries(sandbox, task)
+    canary_tests: dict[str, str] = {}
     ids = tuple(c.test_id for c in canaries)
     command, env = build_test_command(task, private, _config_file(sandbox), ids)
     if env:
@@ -512,6 +546,8 @@ def grade_in(
     else:
         run = sandbox.exec(command, timeout=test_timeout)
         tests, messages = PARSERS[task.log_parser](run.output)
+        if canaries:  # sympy's runner ends a file's last test line with the file's [OK]/[FAIL]
+            canary_tests = PARSERS[task.log_parser](_FILE_STATUS_RE.sub("", run.output))[0]
         if not tests and run.exit_code in (126, 127):  # the shell could not find or run the command
             return GradeResult(False, {}, run.output, f"{_NOT_STARTED}: exit {run.exit_code}",
                                dropped_paths=tuple(dropped), error=True)  # fmt: skip
@@ -519,9 +555,10 @@ def grade_in(
         broken = {t for t, s in tests.items() if s == ERROR and "::" not in t}
         finished = bool(tests) and not run.timed_out
     result = _verdict(
-        task, tests, messages, run.output, run.exit_code, run.timed_out, tuple(dropped), disagree
-    )
-    forged = _forged(canaries, tests, broken, finished, task)
+        task, tests, messages, run.output, run.exit_code, run.timed_out, tuple(dropped), disagree,
+        {c.test_id for c in canaries},
+    )  # fmt: skip
+    forged = _forged(canaries, canary_tests or tests, broken, finished)
     files = {f for t in (*task.fail_to_pass, *task.pass_to_pass) if (f := t.split("::")[0]).endswith(".py")}
     uncollected = sorted(
         f for f in files if any(b in ("", ".") or f == b or f.startswith(b + "/") for b in broken)
@@ -535,11 +572,12 @@ def grade_in(
 
 def _verdict(
     task: Task, tests: dict[str, str], messages: dict[str, str], log: str, exit_code: int, timed_out: bool,
-    dropped: tuple[str, ...], disagree: str | None,
+    dropped: tuple[str, ...], disagree: str | None, canary_ids: set[str],
 ) -> GradeResult:  # fmt: skip
-    graded = [*task.fail_to_pass, *task.pass_to_pass]  # SWE-bench's rules: envs.parsers
-    statuses = {**tests, **{t: status_of(t, tests) for t in graded if t not in tests}}
-    failing = graded_failures(task.fail_to_pass, task.pass_to_pass, tests, task.reference_statuses)
+    graded = [*task.fail_to_pass, *task.pass_to_pass]  # the task's harness's rules: envs.parsers
+    statuses = {**tests, **{t: status_of(t, tests, task.rules) for t in graded if t not in tests}}
+    failing = graded_failures(task.fail_to_pass, task.pass_to_pass, tests, task.reference_statuses,
+                              task.rules, ignored=canary_ids)  # fmt: skip
     if failing:
         first, status = failing[0]
         reason = f"{len(failing)} of {len(graded)} graded tests not passing, e.g. {first} {status}"

@@ -2,10 +2,12 @@
 
 The base image is built locally (`debootstrap --variant=minbase`, then `docker import` of the root
 file system) from the Debian mirror apt is configured with on this machine, and cached by tag.
-Task images are layered as SWE-bench layers them: base -> environment image (the recipe's
-`pre_install` lines and a venv at /opt/jaxswe-venv over the image's Python with `pip_packages`;
-shared by every task with the same recipe) -> instance image (the task's clean repository at its
-workdir, its requirement files and `install` command run there). Build steps run WITH network
+Task images are layered as SWE-bench layers them: base -> environment image (a venv at
+/opt/jaxswe-venv over the image's Python with `pip_packages`; shared by every task with the same
+recipe) -> instance image (the task's clean repository at its workdir; there, as the official
+repo script runs them, the recipe's `pre_install` lines, its first requirement file that exists and
+its `install` command). A recipe the base cannot build as its harness would (another Python, a
+conda environment.yml) is refused with the reason. Build steps run WITH network
 (the engine's default bridge, or `$JAXSWE_BUILD_NETWORK`); sandboxes run the result with network
 none. A recipe with no such steps is the base image + the repository. SWE-bench / SWE-rebench
 images (`sweb.eval.x86_64.<id>`, or SWE-bench's remote name) are used as they are when the
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from envs.tasks import Task
 
 BASE_IMAGE = "jaxswe/base:bookworm"
+BASE_PYTHON = "3.11"  # Debian bookworm's python3
 BASE_PACKAGES = (
     "python3", "python-is-python3", "python3-pytest", "python3-venv", "python3-pip", "git", "procps",
     "coreutils", "patch",
@@ -215,10 +218,9 @@ def env_image(task: Task, *, client, base: str = BASE_IMAGE) -> tuple[str, dict[
     import json
 
     pip = _lines(task.install.get("pip_packages"))
-    pre = _lines(task.install.get("pre_install"))
-    if not pip and not pre and not task.install.get("install") and not task.install.get("reqs_path"):
+    installs = bool(task.install.get("install") or task.requirement_files or task.install.get("pre_install"))
+    if not pip and not installs:
         return base, {}
-    installs = bool(task.install.get("install") or task.install.get("reqs_path"))
     # the image's own packages (pytest from the base) stay visible; pip_packages go into the venv,
     # which has its own pip when anything is installed (the base's pip is externally managed)
     with_pip = "" if pip or installs else "--without-pip "
@@ -230,7 +232,7 @@ def env_image(task: Task, *, client, base: str = BASE_IMAGE) -> tuple[str, dict[
     script_path = f"{TASK_VENV}/bin/pytest"
     venv.append(f"[ -e {script_path} ] || {{ printf %s {shlex.quote(launcher)} > {script_path} "
                 f"&& chmod 755 {script_path}; }}")  # fmt: skip
-    script = "\n".join(["set -e", *pre, *venv])
+    script = "\n".join(["set -e", *venv])
     base_id = client.images.get(base).id.removeprefix("sha256:")[:12]
     tag = f"jaxswe/env:{hashlib.sha256(json.dumps([base_id, script]).encode()).hexdigest()[:16]}"
     env = {"PATH": f"{TASK_VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -250,11 +252,16 @@ def build_task_image(task: Task, *, client=None, base: str = BASE_IMAGE, force: 
     client = client or docker.from_env()
     if not _has(client, base):
         raise SandboxError(f"base image {base} is missing; build it with `python -m envs base`")
+    if (problem := task.recipe_problem(BASE_PYTHON, local=False)) is not None:
+        raise SandboxError(
+            f"cannot build the image of {task.instance_id}: {problem}; use its published image"
+        )
     parent, env = env_image(task, client=client, base=base)
-    reqs = [f"[ ! -f {shlex.quote(r)} ] || pip install -q -r {shlex.quote(r)}"
-            for r in _lines(task.install.get("reqs_path"))]  # fmt: skip
+    reqs = " ".join(shlex.quote(r) for r in task.requirement_files)  # the first that exists, as upstream
+    first = f'for r in {reqs}; do if [ -f "$r" ]; then pip install -q -r "$r"; break; fi; done'
     chown = f"chown -R {SANDBOX_USER} {shlex.quote(task.workdir)}"  # what the install wrote too
-    script = "\n".join(["set -e", *reqs, *_lines(task.install.get("install")), chown])
+    steps = [*_lines(task.install.get("pre_install")), *([first] if reqs else [])]
+    script = "\n".join(["set -e", *steps, *_lines(task.install.get("install")), chown])  # in the workdir
     parent_id = client.images.get(parent).id.removeprefix("sha256:")[:12]
     step = hashlib.sha256(script.encode()).hexdigest()[:8]
     tag = f"{task_image_name(task)}-{parent_id}-{step}"  # a rebuilt base, environment or step: a new image

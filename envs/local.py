@@ -6,8 +6,9 @@ installed) it runs in its own pid, mount, network, ipc, uts and cgroup namespace
 `--die-with-parent`, every capability dropped and no_new_privs: a trainer running as root drops
 the command to a uid of the sandbox's own with `setpriv` (claimed from UID_RANGE for the sandbox's
 lifetime: a real unprivileged uid, so the process rlimit counts per sandbox, and one sandbox at
-its process limit does not stop another's commands);
-any other user gets a user namespace of its own as well. It sees the system
+its process limit does not stop another's commands; as root, the sandbox is also one memory
+and pids cgroup and its directory a size-limited tmpfs: `memory` and `disk` cap the sandbox as
+a whole, envs.caps); any other user gets a user namespace of its own as well. It sees the system
 read-only (/usr, /etc), the base interpreter and any `ro_binds` (a per-task virtualenv) read-only
 (a task's sandbox: `host_python=False`, the trainer's own virtualenv is not there and the base
 interpreter's site-packages are empty; else the running virtualenv is bound too), and of writable
@@ -44,6 +45,7 @@ import time
 import uuid
 from pathlib import Path
 
+from envs import caps
 from envs.errors import SandboxError
 from envs.sandbox import (
     ARG_LIMIT,
@@ -73,6 +75,7 @@ DEFAULT_LIMITS = {  # rlimits of every command: processes, address space, file s
     "fsize": 2 << 30,
     "nofile": 4096,
 }
+DEFAULT_CAPS = {"memory": 4 << 30, "disk": 4 << 30}  # the whole sandbox's (envs.caps; bwrap as root)
 _RLIMITS = {"nproc": resource.RLIMIT_NPROC, "as": resource.RLIMIT_AS, "fsize": resource.RLIMIT_FSIZE,
             "nofile": resource.RLIMIT_NOFILE}  # fmt: skip
 _OWNER_FILE = "owner.json"
@@ -194,8 +197,9 @@ def _claim_uid(root: Path) -> int:
     raise SandboxError(f"no free sandbox uid in {UID_RANGE}")
 
 
-def _set_limits(limits: dict[str, int]):
+def _set_limits(limits: dict[str, int], sandbox_caps: caps.Caps):
     def apply() -> None:
+        sandbox_caps.join()
         for name, value in limits.items():
             resource.setrlimit(_RLIMITS[name], (value, value))
 
@@ -221,15 +225,16 @@ class LocalSandbox:
             raise SandboxError(f"isolation must be auto, bwrap or none, got {isolation!r}")
         if isolation == "bwrap" and not bwrap_available():
             raise SandboxError("isolation='bwrap' but bubblewrap (bwrap) is not installed")
-        unknown = set(limits or {}) - set(_RLIMITS)
+        unknown = set(limits or {}) - set(_RLIMITS) - set(DEFAULT_CAPS)
         if unknown:
-            raise SandboxError(f"unknown sandbox limits {sorted(unknown)} (choose from {sorted(_RLIMITS)})")
+            known = sorted([*_RLIMITS, *DEFAULT_CAPS])
+            raise SandboxError(f"unknown sandbox limits {sorted(unknown)} (choose from {known})")
         self.isolation = (
             "bwrap" if isolation == "bwrap" or (isolation == "auto" and bwrap_available()) else "none"
         )
         self.timeout = resolve_timeout(timeout, DEFAULT_TIMEOUT_S)
         self.output_limit = output_limit
-        self.limits = {**DEFAULT_LIMITS, **(limits or {})}
+        self.limits = {**DEFAULT_LIMITS, **DEFAULT_CAPS, **(limits or {})}
         self.ro_binds = tuple(str(Path(p).resolve()) for p in ro_binds)
         self.host_python = host_python
         self.id = uuid.uuid4().hex
@@ -239,7 +244,11 @@ class LocalSandbox:
         sandboxes_dir().mkdir(parents=True, exist_ok=True)
         self.root = Path(tempfile.mkdtemp(prefix="sbx-", dir=sandboxes_dir()))
         self.uid: int | None = None
+        self.caps = caps.Caps(note="no whole-sandbox caps: no bwrap isolation")
         try:
+            if self.isolation == "bwrap":
+                self.caps = caps.create(self.root.name, self.root, memory=self.limits["memory"],
+                                        pids=self.limits["nproc"], disk=self.limits["disk"])  # fmt: skip
             (self.root / _OWNER_FILE).write_text(json.dumps({**owner_labels(), "id": self.id}))
             for sub in ("tmp", "home"):
                 (self.root / sub).mkdir()
@@ -253,6 +262,7 @@ class LocalSandbox:
                     subprocess.run(["chown", "-R", f"{self.uid}:{self.uid}", str(self.root / sub)],
                                    check=True, capture_output=True)  # fmt: skip
         except BaseException:
+            self.caps.release()
             shutil.rmtree(self.root, ignore_errors=True)
             if self.uid is not None:
                 _uid_file(self.uid).unlink(missing_ok=True)
@@ -307,7 +317,7 @@ class LocalSandbox:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if merge else subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=_set_limits(self.limits),
+            preexec_fn=_set_limits({k: v for k, v in self.limits.items() if k in _RLIMITS}, self.caps),
         )
 
     def exec(self, command: str, timeout: float | None = None) -> ExecResult:
@@ -451,6 +461,7 @@ class LocalSandbox:
                 return
             self._closed = True
         kill_marked(f"{SANDBOX_MARKER}={self.id}")
+        self.caps.release()
         shutil.rmtree(self.root, ignore_errors=True)
         if self.uid is not None:
             _uid_file(self.uid).unlink(missing_ok=True)
@@ -484,6 +495,7 @@ def reap_sandboxes(root: Path | None = None) -> list[str]:
             continue
         if owner is not None and owner.get("id"):
             kill_marked(f"{SANDBOX_MARKER}={owner['id']}")
+        caps.release_stale(entry.name, entry)
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry.name)
     for claim in (root / ".uids").glob("*"):  # uids whose sandbox directory is gone

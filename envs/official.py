@@ -57,6 +57,13 @@ def knows_repo(repo: str) -> bool:
     return bool(table) and repo in table
 
 
+def requirement_paths(repo: str) -> list[str]:
+    """Where SWE-bench reads a repository's requirements for `packages: requirements.txt` (the
+    first that exists at the environment commit; Django: tests/requirements/py3.txt)."""
+    constants = _module("swebench.harness.constants")
+    return list(getattr(constants, "MAP_REPO_TO_REQS_PATHS", {}).get(repo, [])) if constants else []
+
+
 def test_directives(record: dict[str, Any]) -> list[str]:
     """SWE-bench's test directives of a record (files test_patch touches; Django: dotted modules)."""
     module = _module("swebench.harness.test_spec.python")

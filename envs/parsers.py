@@ -6,12 +6,11 @@ test_m`, not the file that defines it), cut at the first whitespace when read fr
 `test_x[a b]` is published as `test_x[a`), Django's `test_m (module.Class)` or the docstring
 line it prints instead.
 
-Grading rules (SWE-bench 5.x, `resolve` / `fail_to_pass_ok` / `pass_to_pass_ok`): a graded id
-matches exactly; an id with more `[` than `]` (truncated at a space) matches the reported ids it
-prefixes when they all agree on passing vs failing. A FAIL_TO_PASS test must pass (PASSED or
-XFAIL); a PASS_TO_PASS test passes or is SKIPPED. A missing test fails. A task with reference
-statuses (the gold run's, recorded at validation) is stricter: PASSED, or XFAIL / SKIPPED only
-where gold had the same.
+Grading rules (`graded_failures`, one set per harness: SWE-bench 5.x, 4.x, SWE-rebench V2): a
+graded id matches exactly; an id with more `[` than `]` (truncated at a space) matches the reported
+ids it prefixes (5.x: when they all agree on passing vs failing; 4.x: the last). A missing test
+fails. A task with reference statuses (the gold run's, recorded at validation) is stricter:
+PASSED, or XFAIL / SKIPPED only where gold had the same.
 
 Text parsers by name: jaxswe's own `pytest` (reads only the last `short test summary info`
 section, so lines an agent's code prints elsewhere are not read) and `django`, which agree with
@@ -44,47 +43,64 @@ def _record(tests: dict[str, str], name: str, status: str) -> None:
 
 
 # -- grading rules --------------------------------------------------------------------------------
-def resolve(case: str, tests: dict[str, str]) -> str | None:
+RULES = ("swebench-5", "swebench-4", "rebench-v2")  # each harness's rules (Task.rules picks one)
+
+
+def resolve(case: str, tests: dict[str, str], rules: str = "swebench-5") -> str | None:
     """The reported id a graded id names (see the module docstring), or None."""
     if case in tests:
         return case
     if case.count("[") > case.count("]"):
         matches = [k for k in tests if k.startswith(case)]
+        if matches and rules == "swebench-4":  # its parsers collapse the ids: the last line wins
+            return matches[-1]
         if matches and len({tests[k] in PASSING for k in matches}) == 1:
             return matches[0]
     return None
 
 
-def status_of(case: str, tests: dict[str, str]) -> str:
-    key = resolve(case, tests)
+def status_of(case: str, tests: dict[str, str], rules: str = "swebench-5") -> str:
+    key = resolve(case, tests, rules)
     return MISSING if key is None else tests[key]
-
-
-def fail_to_pass_ok(case: str, tests: dict[str, str]) -> bool:
-    return status_of(case, tests) in PASSING
-
-
-def pass_to_pass_ok(case: str, tests: dict[str, str]) -> bool:
-    return status_of(case, tests) in PASSING | {SKIPPED}
 
 
 def graded_failures(
     fail_to_pass: Iterable[str], pass_to_pass: Iterable[str], tests: dict[str, str],
-    reference: dict[str, str] | None = None,
+    reference: dict[str, str] | None = None, rules: str = "swebench-5", ignored: Iterable[str] = (),
 ) -> list[tuple[str, str]]:  # fmt: skip
-    """(test, status) of every graded test that breaks the rules; empty when resolved. With
-    `reference` (each graded test's status under the gold patch), a test passes only as PASSED, or
-    as XFAIL / SKIPPED where its reference status is the same."""
+    """(test, status) of every graded test that breaks `rules`; empty when resolved.
+
+    - swebench-5 (SWE-bench 5.x): FAIL_TO_PASS must pass (PASSED, XFAIL); PASS_TO_PASS passes or is
+      SKIPPED; a truncated id resolves when every id it prefixes agrees.
+    - swebench-4 (SWE-bench 4.x, which SWE-rebench V1, SWE-smith and SWE-Gym grade with): PASSED
+      and XFAIL pass, FAILED, ERROR and missing fail, SKIPPED counts for neither list; a truncated
+      id takes the last test it prefixes.
+    - rebench-v2 (SWE-rebench V2): the PASSED tests are exactly FAIL_TO_PASS + PASS_TO_PASS (a
+      passing test outside them fails the task too, as `(id, "PASSED, not graded")`); `ignored`
+      (canaries) are left out of that set.
+    With `reference` (each graded test's status under the gold patch), a graded test passes only
+    as PASSED, or as XFAIL / SKIPPED where its reference status is the same."""
+    fail_to_pass, pass_to_pass = list(fail_to_pass), list(pass_to_pass)
+    graded = [*fail_to_pass, *pass_to_pass]
+    status = {t: status_of(t, tests, rules) for t in graded}
+    extra: list[tuple[str, str]] = []
+    if rules == "rebench-v2":
+        skip = set(graded) | set(ignored)
+        extra = [(t, "PASSED, not graded") for t, s in tests.items() if s == PASSED and t not in skip]
     if reference:
-        graded = [*fail_to_pass, *pass_to_pass]
-        statuses = [(t, status_of(t, tests)) for t in graded]
         return [
-            (t, s)
-            for t, s in statuses
-            if s != PASSED and not (s in (XFAIL, SKIPPED) and reference.get(t) == s)
-        ]
-    bad = [(t, status_of(t, tests)) for t in fail_to_pass if not fail_to_pass_ok(t, tests)]
-    return bad + [(t, status_of(t, tests)) for t in pass_to_pass if not pass_to_pass_ok(t, tests)]
+            (t, status[t])
+            for t in graded
+            if status[t] != PASSED and not (status[t] in (XFAIL, SKIPPED) and reference.get(t) == status[t])
+        ] + extra
+    if rules == "rebench-v2":
+        return [(t, status[t]) for t in graded if status[t] != PASSED] + extra
+    if rules == "swebench-4":
+        return [(t, status[t]) for t in graded if status[t] in (FAILED, ERROR, MISSING)]
+    ok_p2p = PASSING | {SKIPPED}
+    return [(t, status[t]) for t in fail_to_pass if status[t] not in PASSING] + [
+        (t, status[t]) for t in pass_to_pass if status[t] not in ok_p2p
+    ]
 
 
 # -- text parsers ---------------------------------------------------------------------------------
@@ -111,6 +127,19 @@ def parse_pytest(log: str) -> Parsed:
         if " - " in line and status in (FAILED, ERROR):
             messages[words[1]] = line.split(" - ", 1)[1]
     return tests, messages
+
+
+_VERBOSE_RE = re.compile(r"^(\S+)\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL)")
+
+
+def parse_pytest_verbose(log: str) -> Parsed:
+    """`pytest --verbose` lines `id STATUS [ 10%]`, as SWE-smith's parser reads them: an id with a
+    space does not match at all, and a test reported twice keeps its last status."""
+    tests: dict[str, str] = {}
+    for line in log.splitlines():
+        if m := _VERBOSE_RE.match(line):
+            tests[m.group(1)] = m.group(2)
+    return tests, {}
 
 
 def parse_django(log: str) -> Parsed:
@@ -147,6 +176,7 @@ _OWN: dict[str, Callable[[str], Parsed]] = {
     "parse_log_pytest": parse_pytest,
     "django": parse_django,
     "parse_log_django": parse_django,
+    "pytest_verbose": parse_pytest_verbose,  # SWE-smith's (its records name no parser)
 }
 # SWE-bench's repo -> parser names for repos whose parser is not plain pytest.
 _BY_REPO_FALLBACK = {"django/django": "parse_log_django"}

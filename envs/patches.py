@@ -4,10 +4,11 @@ Grading never splits a patch by hand: the paths come from `git apply --numstat -
 the index after `git apply --index` (envs.grading), so the file list and what gets applied come
 from the same parser. Protected paths (changes there are reset to the base state before grading):
 
-- test paths: the files test_patch touches, anything under a `tests/`, `test/` or `testing/`
-  directory, `test_*.py`, `*_test.py`, `conftest.py` anywhere;
-- test-runner configuration anywhere: pytest.ini, .pytest.ini, pytest.toml, .pytest.toml, tox.ini,
-  setup.cfg (pyproject.toml only when its `[tool.pytest...]` tables change, see envs.grading);
+- test paths: the files test_patch touches, anything under a `tests/` directory or a top-level
+  `test/` or `testing/` (inside a package those are library code: django/test, sympy/testing),
+  `test_*.py`, `*_test.py`, `conftest.py` anywhere;
+- test-runner configuration anywhere: pytest.ini, .pytest.ini, pytest.toml, .pytest.toml, tox.ini
+  (pyproject.toml and setup.cfg only when their pytest sections change, see envs.grading);
 - interpreter start-up hooks: `*.pth`, sitecustomize.py, usercustomize.py;
 - `.gitattributes` anywhere (it would change what git shows the grader's scan);
 - new files that could shadow the runner or a module: pytest.py, a pytest/ _pytest/ pluggy/
@@ -27,9 +28,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import PurePosixPath
 
-_TEST_DIRS = {"tests", "test", "testing"}
 _TEST_NAMES = ("test_*.py", "*_test.py", "conftest.py")
-RUNNER_CONFIGS = ("pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg")
+RUNNER_CONFIGS = ("pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini")
 _STARTUP_NAMES = ("*.pth", "sitecustomize.py", "usercustomize.py")
 _SHADOW_PACKAGES = {"pytest", "_pytest", "pluggy", "iniconfig", "jaxswe_grader", "jaxswe_pytest"}
 # What pytest and its dependencies import besides the stdlib: a new top-level one would shadow them.
@@ -97,7 +97,8 @@ def is_test_path(path: str, test_files: Iterable[str] = ()) -> bool:
     pure = PurePosixPath(path)
     if path in set(test_files):
         return True
-    if any(part in _TEST_DIRS for part in pure.parts[:-1]):
+    dirs = pure.parts[:-1]
+    if "tests" in dirs or dirs[:1] in (("test",), ("testing",)):  # a package's test/, testing/: library
         return True
     return any(fnmatch.fnmatch(pure.name, pat) for pat in _TEST_NAMES)
 

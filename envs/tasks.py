@@ -12,7 +12,11 @@ Each format gets its official defaults where the record leaves them out:
 - SWE-rebench V2: `install_config.test_cmd` is a list of commands, `log_parser` names one of its
   parsers, the image holds the repository at `/<name>` with no conda.
 - SWE-smith: there is no test_patch (the tests are in the repository) and `patch` introduces the
-  bug: the gold fix is its reverse; the whole suite runs.
+  bug: the gold fix is its reverse; the whole suite runs with SWE-smith's command (its default:
+  profiles with `min_testing` run only the graded files there, which a record does not say), its
+  verbose-line parser, graded by SWE-bench 4.x's rules.
+- SWE-Gym (its repositories, no install_config): the test command of SWE-Gym's harness per repo
+  (`-n0` where it has one), its images `xingyaoww/sweb.eval.x86_64.<id>` (`__` -> `_s_`), 4.x rules.
 
 A task names where its repository comes from: its Docker image, a clone in
 `$JAXSWE_REPOS_DIR/<owner>__<name>` (local backend, per-task images), or the built-in package
@@ -24,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +41,24 @@ from envs.patches import patch_files
 DEFAULT_TEST_CMD = "pytest -rA"
 TESTBED = "/testbed"
 CONDA_INIT = "source /opt/miniconda3/bin/activate && conda activate testbed"
-FORMATS = ("swe-bench", "swe-rebench", "swe-rebench-v2", "swe-smith")
+FORMATS = ("swe-bench", "swe-rebench", "swe-rebench-v2", "swe-smith", "swe-gym")
+SWE_SMITH_TEST_CMD = "pytest --disable-warnings --color=no --tb=no --verbose"  # the whole suite
+# SWE-Gym's test command per repository (its harness fork's specs; the same for every version but
+# mypy's, whose `-k` names the `[case ...]` blocks of test_patch, with `-n0` before 1.7)
+SWE_GYM_TEST_CMDS = {
+    "bokeh/bokeh": "pytest -rA -n0",
+    "conan-io/conan": "pytest -n0 -rA",
+    "dask/dask": "pytest -n0 -rA  --color=no",
+    "facebookresearch/hydra": "pytest -rA --tb=long",
+    "getmoto/moto": "pytest -n0 -rA",
+    "hypothesisworks/hypothesis": "pytest -n0 -rA --tb=no --no-header",
+    "iterative/dvc": "pytest -rA",
+    "modin-project/modin": "pytest -n0 -rA",
+    "pandas-dev/pandas": "pytest -rA --tb=long",
+    "project-monai/monai": "pytest -rA ",
+    "pydantic/pydantic": "pytest -rA --tb=short -vv -o console_output_style=classic --no-header",
+    "python/mypy": "pytest -rA -k",
+}
 _REQUIRED = ("instance_id", "repo", "base_commit", "patch", "FAIL_TO_PASS", "PASS_TO_PASS")
 _NON_TEST_EXTS = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
 
@@ -70,15 +92,47 @@ class Task:
     raw: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
+    def rules(self) -> str:
+        """The grading rules of the task's own harness (envs.parsers.graded_failures)."""
+        return {"swe-rebench": "swebench-4", "swe-smith": "swebench-4", "swe-gym": "swebench-4",
+                "swe-rebench-v2": "rebench-v2"}.get(self.format, "swebench-5")  # fmt: skip
+
+    @property
     def test_command(self) -> str:
         return " ".join([self.test_cmd, *self.test_directives])
 
     @property
     def remote_image(self) -> str | None:
-        """SWE-bench's Docker Hub name of the task's image (SWE-bench-format tasks only)."""
+        """The Docker Hub name of the task's published image (SWE-bench: `swebench/...` with `__` ->
+        `_1776_`; SWE-Gym: `xingyaoww/sweb.eval.x86_64.<id>`, `__` -> `_s_`, lower case)."""
+        if self.format == "swe-gym":
+            return f"docker.io/xingyaoww/sweb.eval.x86_64.{self.instance_id}".replace("__", "_s_").lower()
         if self.format != "swe-bench" or self.repo.startswith("builtin/"):
             return None
         return official.instance_image(self.instance_id, namespace="swebench")
+
+    @property
+    def requirement_files(self) -> tuple[str, ...]:
+        """The recipe's requirement files, in the order tried: `reqs_path`, or for `packages:
+        requirements.txt` SWE-bench's paths for the repository, then requirements.txt (the
+        official harness installs the first that exists)."""
+        paths = self.install.get("reqs_path") or []
+        paths = [paths] if isinstance(paths, str) else list(paths)
+        if not paths and self.install.get("packages") == "requirements.txt":
+            paths = [*official.requirement_paths(self.repo), "requirements.txt"]
+        return tuple(paths)
+
+    def recipe_problem(self, python: str, *, local: bool) -> str | None:
+        """Why the task's install recipe cannot be built as its harness builds it (None: it can),
+        `python` being the X.Y version the environment would get."""
+        wanted = str(self.install.get("python") or "")
+        if wanted and wanted != python:
+            return f"its recipe needs Python {wanted} and the environment would have {python}"
+        if self.install.get("packages") == "environment.yml" or self.install.get("env_yml_path"):
+            return "its recipe is a conda environment.yml (no conda here)"
+        if local and self.install.get("pre_install"):
+            return "its recipe has pre_install steps (system commands: the docker backend runs them)"
+        return None
 
     def repos_dir_clone(self, *, missing_ok: bool = False) -> Path | None:
         """`$JAXSWE_REPOS_DIR/<owner>__<name>` if it exists (else None, or the path if missing_ok)."""
@@ -200,7 +254,19 @@ def _detect_format(record: dict, install: dict) -> str:
         return "swe-smith"
     if isinstance(install.get("test_cmd"), list):
         return "swe-rebench-v2"
+    gym = record["repo"].lower() in SWE_GYM_TEST_CMDS
+    if not install and gym and not official.knows_repo(record["repo"]):
+        return "swe-gym"
     return "swe-rebench" if install else "swe-bench"
+
+
+def _swe_gym_test_cmd(repo: str, version: str, test_patch: str) -> str:
+    command = SWE_GYM_TEST_CMDS[repo.lower()]
+    if repo.lower() != "python/mypy":
+        return command
+    if version and tuple(int(x) for x in re.findall(r"\d+", version)[:2]) < (1, 7):
+        command = "pytest -n0 -rA -k"
+    return command + " " + shlex.quote(" or ".join(re.findall(r"\[case ([^\]]+)\]", test_patch)))
 
 
 def _str_field(index: int, record: dict, name: str, default: str = "") -> str:
@@ -255,13 +321,22 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
         if spec is not None:
             test_cmd = "; ".join([*spec.get("eval_commands", []), spec["test_cmd"]])
             install = {k: v for k, v in spec.items() if k not in ("test_cmd", "eval_commands")}
+    if test_cmd is None and fmt == "swe-gym":
+        if record["repo"].lower() not in SWE_GYM_TEST_CMDS:
+            raise _fail(index, record, "repo", f"{record['repo']!r} is not one of SWE-Gym's repositories")
+        test_cmd = _swe_gym_test_cmd(record["repo"], version, test_patch)
+    if test_cmd is None and fmt == "swe-smith":
+        test_cmd = SWE_SMITH_TEST_CMD
     test_cmd = DEFAULT_TEST_CMD if test_cmd is None else test_cmd
     if not isinstance(test_cmd, str) or not test_cmd.strip():
         raise _fail(index, record, "test_cmd", "must be a non-empty command")
 
-    parser = record.get("log_parser") or install.get("log_parser") or parser_name_for_repo(record["repo"])
+    parser = record.get("log_parser") or install.get("log_parser")
+    parser = parser or ("pytest_verbose" if fmt == "swe-smith" else parser_name_for_repo(record["repo"]))
     if not isinstance(parser, str) or parser not in PARSERS:
         hint = "" if official.available() else f"; {official.INSTALL_HINT}"
+        if fmt == "swe-rebench-v2":  # its registry has 76 names, most for other languages' runners
+            hint += "; of SWE-rebench V2's parsers jaxswe reads the pytest ones and SWE-bench's"
         raise _fail(index, record, "log_parser", f"names an unknown parser {parser!r}{hint}")
     image = record.get("image_name") or record.get("docker_image") or record.get("image")
     if image is not None and not isinstance(image, str):
@@ -273,7 +348,7 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
         if not isinstance(directives, list) or not all(isinstance(d, str) for d in directives):
             raise _fail(index, record, "test_directives", "must be a list of strings")
         directives = tuple(directives)
-    elif fmt in ("swe-bench", "swe-rebench"):
+    elif fmt in ("swe-bench", "swe-rebench", "swe-gym") and record["repo"].lower() != "python/mypy":
         directives = _test_directives(record, test_patch)
     else:
         directives = ()  # V2 commands name their tests; SWE-smith runs the whole suite

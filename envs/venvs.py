@@ -7,9 +7,10 @@ repository itself (`install`, e.g. `pip install -e .`), it is run in a clean cop
 the environment commit and the repository's own distribution is uninstalled again, so its
 dependencies stay and the code under test is always the sandbox's checkout: `venv_env` puts the
 checkout's import root (`src/` for a src layout, else the root) on PYTHONPATH and the venv's bin
-first on PATH. Recipes with no `install` share one venv per recipe. `pre_install` (apt-get
-lines for Docker images) is not run locally. The venv's Python is the first `python<version>` of
-the recipe found on PATH, else the host's base interpreter.
+first on PATH. Recipes with no `install` share one venv per recipe. The venv's Python is the
+first `python<version>` of the recipe found on PATH, else the host's base interpreter; a recipe
+that needs another Python, a conda environment.yml or `pre_install` steps (system commands) is
+refused with the reason (`Task.recipe_problem`: the docker backend runs the last).
 """
 
 from __future__ import annotations
@@ -64,13 +65,6 @@ def _run(cmd: list[str] | str, *, cwd: Path, env: dict[str, str], what: str) -> 
         )
 
 
-def _requirement_files(recipe: dict[str, Any], repo: Path) -> list[Path]:
-    names = recipe.get("reqs_path") or []
-    if recipe.get("packages") == "requirements.txt" and not names:
-        names = ["requirements.txt"]
-    return [repo / n for n in ([names] if isinstance(names, str) else names) if (repo / n).is_file()]
-
-
 def _import_root(checkout: Path) -> str:
     """`src` for a src layout (a package under src/), else the repository root."""
     src = checkout / "src"
@@ -82,6 +76,10 @@ def _import_root(checkout: Path) -> str:
 def _build(task: Task, venv: Path) -> None:
     recipe = _recipe(task)
     python = _python(str(recipe.get("python") or ""))
+    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True).stdout.strip()  # fmt: skip
+    if (problem := task.recipe_problem(version, local=True)) is not None:
+        raise SandboxError(f"cannot build the environment of {task.instance_id}: {problem}")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env |= {"PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(venv),
             "PYTHONNOUSERSITE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}  # fmt: skip
@@ -104,8 +102,9 @@ def _build(task: Task, venv: Path) -> None:
         if done.returncode != 0:
             raise SandboxError(f"building the task venv: git clone failed: {done.stderr[-500:]}")
         git(checkout, "checkout", "-q", commit)
-        for req in _requirement_files(recipe, checkout):
-            _run([*pip, "-r", str(req)], cwd=checkout, env=env, what=f"pip install -r {req.name}")
+        req = next((r for r in task.requirement_files if (checkout / r).is_file()), None)
+        if req is not None:
+            _run([*pip, "-r", req], cwd=checkout, env=env, what=f"pip install -r {req}")
         for command in [install] if isinstance(install, str) else install:
             _run(command, cwd=checkout, env=env, what=command)
         own = _own_distributions(venv, checkout)

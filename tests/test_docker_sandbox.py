@@ -15,6 +15,7 @@ from test_sandbox_local import assert_clean_history, future_history_task
 
 from envs import BASE_IMAGE, DockerSandbox, grade, load_tasks, open_sandbox, reap_containers
 from envs.docker_sandbox import LABEL, engine_available
+from envs.errors import SandboxError
 
 pytestmark = pytest.mark.docker
 DATA = Path(__file__).parent / "data" / "builtin_tasks"
@@ -60,6 +61,10 @@ def test_exec_files_and_removal(client, task):
         assert sb.exec("echo $PAGER $GIT_PAGER $TERM").output == "cat cat dumb\n"
         sb.write_file("pkg/new.txt", "hé\n")
         assert sb.exec("cat pkg/new.txt").output == "hé\n" and sb.read_file("/testbed/pkg/new.txt") == "hé\n"
+        assert sb.exec("ln -s /etc etc-link").exit_code == 0  # writes resolve with the sandbox user's rights
+        with pytest.raises(SandboxError, match="Permission denied"):
+            sb.write_file("etc-link/planted.conf", "x\n")
+        assert sb.exec("test -e /etc/planted.conf").exit_code == 1
         big = sb.exec("seq 1 200000")
         assert "bytes of output cut" in big.output and big.output.endswith("200000\n")
         name = sb.container.name

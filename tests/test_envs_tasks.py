@@ -185,7 +185,7 @@ def test_patch_files_come_from_git():
     ("path", "new", "protected"),
     [
         ("pkg/tox.ini", False, True),
-        ("setup.cfg", False, True),
+        ("setup.cfg", False, False),  # only its [tool:pytest] section is checked (by the grader)
         (".pytest.ini", True, True),
         ("a/b.pth", False, True),
         ("sitecustomize.py", True, True),
@@ -207,8 +207,11 @@ def test_is_protected(path, new, protected):
     ("path", "is_test"),
     [
         ("tests/a.py", True),
-        ("pkg/test/data.json", True),
-        ("a/testing/x.py", True),
+        ("test/data.json", True),
+        ("testing/x.py", True),
+        ("django/test/utils.py", False),  # a package's test/ and testing/ are library code (upstream)
+        ("sympy/testing/runtests.py", False),
+        ("astropy/tests/helper.py", True),  # unless the task's gold patch changes it (envs.grading)
         ("test_a.py", True),
         ("pkg/a_test.py", True),
         ("deep/conftest.py", True),

@@ -170,3 +170,22 @@ def test_cli_validate_and_filter(tmp_path, capsys):
     (tmp_path / "broken.jsonl").write_text(json.dumps(broken) + "\n")
     assert _cli(["tasks", "validate", str(tmp_path / "broken.jsonl")]) == 1
     assert json.loads(capsys.readouterr().out)["reason"].startswith("gold patch does not resolve")
+
+
+def test_upstream_tolerance_for_what_the_gold_patch_changes_and_setup_cfg(tasks, tmp_path):
+    """Upstream is the contract: a protected path the task's own gold patch changes is the task's
+    code (django/test/, astropy/tests/ in SWE-bench) and is kept; setup.cfg is reset only when its
+    [tool:pytest] section changes."""
+    import dataclasses
+
+    from test_grading_attacks import _git_diff
+
+    task = tasks["calc__add"]
+    helper = _git_diff(task, {"tests/__init__.py": "# what the fix needs\n"}, tmp_path / "a")
+    variant = dataclasses.replace(task, patch=task.patch + helper, reference_statuses={})
+    kept = grade(variant, variant.patch)
+    assert kept.resolved and kept.dropped_paths == (), kept.reason
+    assert grade(task, task.patch + helper).dropped_paths == ("tests/__init__.py",)  # gold leaves it
+    cfg = _git_diff(task, {"setup.cfg": "[metadata]\nname = calc\n"}, tmp_path / "b")
+    with_cfg = grade(task, task.patch + cfg)
+    assert with_cfg.resolved and with_cfg.dropped_paths == (), with_cfg.reason

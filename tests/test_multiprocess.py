@@ -167,7 +167,6 @@ def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
     config.json); transformers loads the one directory with the trainer's log-probs. Also (same
     processes): process 0's exception in `on_main` is raised on both processes, which then go
     on in step, and host data that differ between processes are caught on both."""
-    import jax
     import jax.numpy as jnp
     import torch
     import transformers
@@ -208,14 +207,14 @@ def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
 
 
 def _start_toy_rl(
-    run_dir: Path, n: int, cache: Path, sets: list[str] | None = None, config: Path = TOY_RL
+    run_dir: Path, n: int, cache: Path, sets: list[str], config: Path = TOY_RL
 ) -> list[subprocess.Popen]:
-    """`jaxswe rl --config config` (with `sets`, default TOY_RL_SETS) over 8 CPU devices as n
+    """`jaxswe rl --config config` (with `sets`) over 8 CPU devices as n
     processes, each logging the files it writes to run_dir/../logs_N/written_I.txt
     (mp_audit_child.py)."""
     logs = run_dir.parent / f"logs_{n}"
     args = ["rl", "--config", str(config), "--run-dir", str(run_dir)]
-    args += [a for s in (TOY_RL_SETS if sets is None else sets) for a in ("--set", s)]
+    args += [a for s in sets for a in ("--set", s)]
     if n > 1:
         args += ["--coordinator", f"localhost:{_port()}", "--num-processes", str(n)]
     cmd = [sys.executable, str(HERE / "mp_audit_child.py")]
@@ -224,45 +223,6 @@ def _start_toy_rl(
                8 // n, cache, logs / f"log_{i}.txt")
         for i in range(n)
     ]  # fmt: skip
-
-
-# Every request carries its own sampling seed and the embedded sampler keys each row by (seed,
-# position), so the draws do not depend on how concurrent requests happen to batch: both runs
-# sample the same tokens with the config's own batching. 10 iterations: success goes from ~0.02
-# to ~0.35-0.4.
-TOY_RL_SETS = ["rl.iterations=4"]
-
-
-@pytest.mark.timeout(1800)
-def test_toy_rl_two_processes_learn_like_one(tmp_path):
-    """configs/toy-rl.yaml through the CLI runs on 2 x 4 devices exactly as on 1 x 8 (4 iterations;
-    that the config learns is tests/test_rl_learning.py's): the same pass rate every iteration,
-    the same losses (1e-4) and final params (1e-3: Adam turns the reduction-order differences of
-    near-zero gradients into steps of up to 2 lr); process 1 writes nothing but its checkpoint shards."""
-    from jaxswe.config import load_config
-    from jaxswe.stages.runtime import policy_from_checkpoint
-
-    runs = {n: tmp_path / f"run_{n}" for n in (1, 2)}
-    _wait([*_start_toy_rl(runs[1], 1, tmp_path / "xla"), *_start_toy_rl(runs[2], 2, tmp_path / "xla")])
-    one, two = (read_rows(runs[n] / "metrics.jsonl") for n in (1, 2))
-    rates = [r["pass_rate"] for r in one]
-    assert len(rates) == 4, rates
-    assert [r["pass_rate"] for r in two] == rates
-    trained = [r["optimizer_steps"] > 0 for r in one]
-    assert [r["optimizer_steps"] > 0 for r in two] == trained and any(trained)
-    assert [r["loss"] for r in two if "loss" in r] == pytest.approx(
-        [r["loss"] for r in one if "loss" in r], rel=1e-4, abs=1e-5
-    )
-    cfg = load_config(TOY_RL, TOY_RL_SETS)
-    final = [jax.tree.leaves(policy_from_checkpoint(cfg, runs[n]).params) for n in (1, 2)]
-    for a, b in zip(*final, strict=True):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-3)
-
-    wrote = [_written(tmp_path / "logs_2" / f"written_{i}.txt", runs[2]) for i in (0, 1)]
-    assert wrote[1] and all(p.parts[0] == "checkpoints" for p in wrote[1]), wrote[1]  # Orbax shards only
-    assert {"metrics.jsonl", "trajectories", "plots", "summary.json", "tokenizer"} <= {
-        p.parts[0] for p in wrote[0]
-    }
 
 
 def _written(log: Path, run_dir: Path) -> list[Path]:
@@ -324,5 +284,7 @@ def test_async_rl_over_http_on_two_processes(tmp_path):
     assert sum(r["optimizer_steps"] for r in rows) > 0
     wrote = _written(tmp_path / "logs_2" / "written_1.txt", run)  # Python's writes: not safetensors'
     assert wrote and all(p.parts[0] == "checkpoints" for p in wrote), wrote
+    main_wrote = {p.parts[0] for p in _written(tmp_path / "logs_2" / "written_0.txt", run)}
+    assert {"metrics.jsonl", "trajectories", "plots", "summary.json", "tokenizer"} <= main_wrote, main_wrote
     shards = sorted(p.name for p in (run / "weights").glob("*.safetensors"))  # one a process
     assert shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"], shards

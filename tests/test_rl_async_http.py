@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from aiohttp import web
-from test_rl_http import _free_port, _wait_healthy
+from test_rl_mined import _free_port, _wait_healthy
 
 from jaxswe.config import config_from_dict
 from jaxswe.rollout.client import RolloutClient, RolloutError

@@ -161,3 +161,24 @@ def test_a_sandbox_at_its_process_limit_does_not_stop_another_grading():
         assert _processes_of(hog.uid) >= 500  # the hog is at its limit
         result = grade(TASK, TASK.patch)
         assert result.resolved, (result.reason, result.log[-1500:])
+
+
+def test_memory_and_disk_are_capped_for_the_whole_sandbox():
+    """As root, a sandbox is one memory cgroup and one size-limited tmpfs (envs.caps): two processes
+    each well under the per-process address-space rlimit together pass the sandbox's memory cap and
+    are killed; files in /tmp and the checkout together fill its disk; close() leaves neither."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("whole-sandbox caps need root")
+    with open_sandbox(TASK, "local", limits={"memory": 256 << 20, "disk": 48 << 20}) as sb:
+        assert sb.caps.cgroups and sb.caps.mount is not None, sb.caps.note
+        hog = "python3 -c 'import os,time; os.fork(); b=bytearray(180<<20); time.sleep(1); print(\"alive\")'"
+        out = sb.exec(f"{hog}; echo rc=$?", timeout=60).output
+        assert out.count("alive") < 2, out  # 360 MB in all under a 256 MB cap: at least one killed
+        fill = "head -c 30000000 /dev/zero > /tmp/a; head -c 30000000 /dev/zero > b; echo rc=$?"
+        out = sb.exec(fill).output
+        assert "No space left on device" in out and "rc=1" in out, out
+        groups, root = sb.caps.cgroups, str(sb.root)
+    assert not any(g.exists() for g in groups)
+    assert root not in Path("/proc/self/mounts").read_text()

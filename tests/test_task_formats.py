@@ -47,7 +47,9 @@ def test_verified_records_get_official_spec_image_and_parser():
 
 def test_swe_gym_rebench_v1_v2_smith_load_as_published():
     (gym,) = load_tasks(DATA / "swe_gym.jsonl")
-    assert gym.format == "swe-bench" and gym.test_command == "pytest -rA tests/test_ssm/test_ssm_boto3.py"
+    assert gym.format == "swe-gym" and gym.test_command == "pytest -n0 -rA tests/test_ssm/test_ssm_boto3.py"
+    assert gym.remote_image == "docker.io/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752"
+    assert "conda activate testbed" in gym.shell_init
     (v1,) = load_tasks(DATA / "swe_rebench_v1.json")
     assert v1.format == "swe-rebench"
     assert (
@@ -63,6 +65,7 @@ def test_swe_gym_rebench_v1_v2_smith_load_as_published():
     assert v2.install["install"] == ["pip install -e ."]
     (smith,) = load_tasks(DATA / "swe_smith.json")
     assert smith.format == "swe-smith" and smith.test_patch == "" and smith.test_directives == ()
+    assert [t.rules for t in (gym, v1, v2, smith)] == ["swebench-4", "swebench-4", "rebench-v2", "swebench-4"]
     raw = json.loads((DATA / "swe_smith.json").read_text())[0]
     assert smith.patch == reverse_patch(raw["patch"]) and "+    return a + b" in smith.patch
 

@@ -42,7 +42,7 @@ def test_environment_and_instance_layers(client, tmp_path, monkeypatch):
         ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout
     recipe = {
-        "pre_install": [f"ls /sys/class/net > /opt/build-net-{tmp_path.name}"],  # unique: a fresh env image
+        "pre_install": [f"{{ pwd; ls /sys/class/net; }} > /opt/build-net-{tmp_path.name}"],  # in the repo
         "install": "test -f pyproject.toml && echo installed > /opt/instance-layer",
         "test_cmd": "pytest -rA",
     }
@@ -54,8 +54,7 @@ def test_environment_and_instance_layers(client, tmp_path, monkeypatch):
     task = task_from_record(record)
     built = []
     try:
-        env_tag, env = env_image(task, client=client)
-        built.append(env_tag)
+        env_tag, env = env_image(task, client=client)  # shared with every recipe like it: kept
         assert env_tag.startswith("jaxswe/env:") and env["VIRTUAL_ENV"] == "/opt/jaxswe-venv"
         tag = build_task_image(task, client=client)
         built.append(tag)
@@ -67,7 +66,8 @@ def test_environment_and_instance_layers(client, tmp_path, monkeypatch):
         assert env_image(other, client=client)[0] == env_tag
         with open_sandbox(task, "docker", timeout=60) as sb:
             assert sb.workdir == "/testbed"
-            build_net = sb.exec(f"cat /opt/build-net-{tmp_path.name}").output.split()
+            where, *build_net = sb.exec(f"cat /opt/build-net-{tmp_path.name}").output.split()
+            assert where == "/testbed"  # pre_install runs in the repository, as SWE-bench's repo script
             assert any(n != "lo" for n in build_net), build_net  # built with network
             assert sb.exec("ls /sys/class/net").output.split() == ["lo"]  # run with network none
             assert sb.exec("cat /opt/instance-layer").output.strip() == "installed"

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from envs.backends import open_sandbox
+from envs.errors import SandboxError
 from envs.grading import grade
+from envs.repos import cache_dir
 from envs.tasks import task_from_record
 from envs.venvs import task_venv, venv_key
 
@@ -77,3 +79,26 @@ def test_sandbox_commands_use_the_task_venv(toolz_task):
     other = task_from_record({**toolz_task.raw, "repo": "other/toolz"})
     assert venv_key(bare) == venv_key(task_from_record({**bare.raw, "repo": "x/y"}))
     assert venv_key(other) != venv_key(toolz_task)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "why"),
+    [
+        ({"python": "3.6", "install": "pip install -e ."}, "needs Python 3.6"),
+        ({"packages": "environment.yml"}, "conda environment.yml"),
+        ({"pre_install": ["apt-get install -y locales"]}, "pre_install steps"),
+    ],
+)
+def test_a_recipe_built_otherwise_than_its_harness_would_is_refused(recipe, why):
+    """The environment is the spec's or none: another Python, a conda environment.yml, system
+    steps locally: one clear error naming the reason, no half-built venv."""
+    record = {
+        "instance_id": "o__r-1", "repo": "o/r", "base_commit": "0" * 40, "patch": "", "test_patch": "",
+        "FAIL_TO_PASS": ["t.py::test_a"], "PASS_TO_PASS": [], "install_config": recipe,
+    }  # fmt: skip
+    task = task_from_record(record)
+    with pytest.raises(SandboxError, match=why):
+        task_venv(task)
+    assert not (cache_dir() / "venvs" / venv_key(task)).exists()
+    if "pre_install" in recipe:  # the docker backend runs them, in the repository
+        assert task.recipe_problem("3.11", local=False) is None

@@ -1,0 +1,5 @@
+"""Closed integer intervals."""
+
+from spans.core import merge
+
+__all__ = ["merge"]

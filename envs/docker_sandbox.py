@@ -170,6 +170,7 @@ class DockerSandbox:
 
         self.client = _client(client)
         self.api = self.client.api
+        self.image = image
         self.workdir = workdir
         self.shell_init = shell_init
         self.timeout = resolve_timeout(timeout, DEFAULT_TIMEOUT_S)

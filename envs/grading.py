@@ -389,9 +389,13 @@ def _test_status(phases: dict[str, str]) -> str:
     return status
 
 
+_STARTED: set[tuple] = set()  # (sandbox kind, its environment, task): the runner started there once
+
+
 def _preflight(sandbox: Sandbox, task: Task, private: str) -> GradeResult | None:
     """On the clean base, before the patch: the runner starts, loads the grader's plugin and takes
-    the config's options (`--help` loads every plugin), else the test command cannot start."""
+    the config's options (`--help` loads every plugin), else the test command cannot start. The
+    clean base is the same for every sandbox of a task, so a start is checked once per process."""
     files = {
         "pytest.ini": "[pytest]\n",
         "jaxswe_grader.py": _PLUGIN_SOURCE.read_text(),
@@ -405,13 +409,18 @@ def _preflight(sandbox: Sandbox, task: Task, private: str) -> GradeResult | None
     if written.exit_code != 0:
         raise SandboxError(f"cannot write the grader's files: {written.output.strip()[-300:]}")
     command, env = build_test_command(task, private, _config_file(sandbox))
-    if not env:
+    where = getattr(sandbox, "image", None) or getattr(sandbox, "ro_binds", None)
+    recipe = json.dumps(task.install, sort_keys=True, default=str)
+    key = (type(sandbox).__name__, str(where), task.instance_id, task.base_commit,
+           hash((task.test_patch, task.test_command, recipe)))  # fmt: skip
+    if not env or key in _STARTED:
         return None
     run = sandbox.exec(_env_prefix(env, private) + command + " --help", timeout=300)
     report = f"{private}/report.jsonl"  # read twice: one slow read under load is not a broken runner
     started = parse_report(_read(sandbox, report)).started or parse_report(_read(sandbox, report)).started
     sandbox.exec(f"rm -f {report}", timeout=30)
     if started and run.exit_code == 0:
+        _STARTED.add(key)
         return None
     tail = run.output.strip().splitlines()[-1:] or [""]
     return GradeResult(False, {}, run.output, f"{_NOT_STARTED}: exit {run.exit_code}: {tail[0][-300:]}",

@@ -16,6 +16,7 @@ refused with the reason (`Task.recipe_problem`: the docker backend runs the last
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -73,13 +74,16 @@ def _import_root(checkout: Path) -> str:
     return "."
 
 
+@functools.cache
+def _version(python: str) -> str:
+    done = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                          capture_output=True, text=True)  # fmt: skip
+    return done.stdout.strip()
+
+
 def _build(task: Task, venv: Path) -> None:
     recipe = _recipe(task)
     python = _python(str(recipe.get("python") or ""))
-    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                             capture_output=True, text=True).stdout.strip()  # fmt: skip
-    if (problem := task.recipe_problem(version, local=True)) is not None:
-        raise SandboxError(f"cannot build the environment of {task.instance_id}: {problem}")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env |= {"PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(venv),
             "PYTHONNOUSERSITE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}  # fmt: skip
@@ -128,7 +132,11 @@ def _own_distributions(venv: Path, checkout: Path) -> list[str]:
 
 
 def task_venv(task: Task) -> Path:
-    """The task's venv (built on first use; concurrent callers wait for one build)."""
+    """The task's venv (built on first use; concurrent callers wait for one build); SandboxError
+    where the recipe cannot be built as its harness builds it (`Task.recipe_problem`)."""
+    python = _python(str(_recipe(task).get("python") or ""))
+    if (problem := task.recipe_problem(_version(python), local=True)) is not None:
+        raise SandboxError(f"cannot build the environment of {task.instance_id}: {problem}")
     root = cache_dir() / "venvs"
     root.mkdir(parents=True, exist_ok=True)
     venv = root / venv_key(task)

@@ -77,7 +77,7 @@ def test_gold_patch_commands_resolve_every_builtin_task(tok):
 @pytest.mark.slow  # grades every built-in task (~1-2 s each)
 def test_submitting_nothing_resolves_nothing(tok):
     """Through the agent loop, on two tasks (that the empty patch resolves no built-in task is what
-    `jaxswe tasks validate builtin` checks, in CI on a fresh install)."""
+    tests/test_envs_builtin_suite.py validates)."""
     look = command_reply("ls && git status --short", "Let me look around first.")
     trajs = play(tok, TASKS[:2], [[look, SUBMIT]] * 2)
     for task, traj in zip(TASKS[:2], trajs, strict=True):

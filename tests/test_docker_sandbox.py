@@ -47,8 +47,11 @@ def task(client):
 
 
 def _sandbox_containers(client, sandbox_id=None):
-    found = client.containers.list(all=True, filters={"label": f"{LABEL}=1"})
-    return [c for c in found if sandbox_id is None or c.name == f"jaxswe-{sandbox_id[:16]}"]
+    """Names of the sandbox containers (sparse: one listing call, no inspect of each, which would
+    race with other tests removing theirs)."""
+    found = client.containers.list(all=True, sparse=True, filters={"label": f"{LABEL}=1"})
+    names = [c.attrs["Names"][0].lstrip("/") for c in found]
+    return [n for n in names if sandbox_id is None or n == f"jaxswe-{sandbox_id[:16]}"]
 
 
 def test_exec_files_and_removal(client, task):
@@ -143,7 +146,7 @@ def test_reap_after_sigkill(client, task):
     proc.wait()
     assert client.containers.get(name).labels["jaxswe.run"] == "sigkill-test"  # left behind
     assert name in reap_containers(client)
-    assert not [c for c in _sandbox_containers(client) if c.name == name]
+    assert name not in _sandbox_containers(client)
 
 
 @pytest.mark.parametrize("count", [32])
@@ -169,5 +172,5 @@ def test_parallel_sandboxes(client, task, count):
         t.join()
     assert not errors, errors[:3]
     assert len(names) == count
-    alive = {c.name for c in _sandbox_containers(client)}
+    alive = set(_sandbox_containers(client))
     assert not alive & set(names)

@@ -1,6 +1,7 @@
 """Every built-in task validates (gold resolves, empty does not, its reference statuses are gold's) on
-the docker backend. The local backend: `.ci/run` validates the suite as a user does (`jaxswe tasks
-validate builtin` on a fresh install), and tests/test_grading_forgery.py grades every gold patch."""
+the docker backend. The local backend: tests/test_grading_forgery.py grades every gold patch (with a
+root pdb.py, which is reset) and tests/test_agent_swe_env.py plays every gold fix through the agent
+loop to reward 1."""
 
 import os
 

@@ -172,7 +172,9 @@ def test_memory_and_disk_are_capped_for_the_whole_sandbox():
     if os.geteuid() != 0:
         pytest.skip("whole-sandbox caps need root")
     with open_sandbox(TASK, "local", limits={"memory": 256 << 20, "disk": 48 << 20}) as sb:
-        assert sb.caps.cgroups and sb.caps.mount is not None, sb.caps.note
+        if sb.caps.note:  # e.g. cgroup v2 without delegation, no CAP_SYS_ADMIN: said, not faked
+            pytest.skip(f"this machine cannot cap a whole sandbox: {sb.caps.note}")
+        assert sb.caps.cgroups and sb.caps.mount is not None
         hog = "python3 -c 'import os,time; os.fork(); b=bytearray(180<<20); time.sleep(1); print(\"alive\")'"
         out = sb.exec(f"{hog}; echo rc=$?", timeout=60).output
         assert out.count("alive") < 2, out  # 360 MB in all under a 256 MB cap: at least one killed

@@ -106,29 +106,39 @@ def _package_names(tree: ast.Module | None) -> list[str]:
     return names
 
 
-def _must_fail(tree: ast.Module | None, source: str, name: str, prefix: str, rng: random.Random) -> list[str]:
-    """A clone of one of the file's short, undecorated top-level tests, ending in a false assertion."""
-    lines = source.splitlines()
-    tests = [  # plain functions only (an async clone could need a marker the original has elsewhere)
-        n
-        for n in (tree.body if tree else ())
-        if isinstance(n, ast.FunctionDef)
-        and n.name.startswith(prefix)
-        and not n.decorator_list
-        and n.end_lineno is not None
-        and n.body[0].lineno > n.lineno  # not a one-line def
-    ]
-    tests.sort(key=lambda n: n.end_lineno - n.lineno)
+def _must_fail(tree: ast.Module | None, lines: list[str], body: list[ast.stmt], name: str, prefix: str,
+               rng: random.Random, *, method: bool = False) -> list[str] | None:  # fmt: skip
+    """A clone of one of the short, undecorated plain tests in `body` (a module's or a class's),
+    ending in a false assertion on an object the file imports from the package (else on two
+    numbers); None when `body` has no such test."""
+    tests = sorted(  # plain functions only (an async clone could need a marker the original has elsewhere)
+        (n for n in body if isinstance(n, ast.FunctionDef) and n.name.startswith(prefix)
+         and not n.decorator_list and n.end_lineno is not None
+         and n.body[0].lineno > n.lineno  # not a one-line def
+         and (not method or len(n.args.args) == 1)),  # a method taking self only
+        key=lambda n: n.end_lineno - n.lineno,
+    )  # fmt: skip
+    if not tests:
+        return None
+    final = _false_assertion(tree, rng)
+    clone = rng.choice(tests[: max(1, len(tests) // 2)])
+    block = lines[clone.lineno - 1 : clone.end_lineno]
+    block[0] = re.sub(r"def\s+\w+", f"def {name}", block[0], count=1)
+    indent = re.match(r"\s*", lines[clone.body[0].lineno - 1]).group(0)
+    return [*block, f"{indent}{final}"]
+
+
+def _false_assertion(tree: ast.Module | None, rng: random.Random) -> str:
+    """`assert <an object the file imports from the package> == <random number>` (it calls into the
+    package's `__eq__`), else a false comparison of two numbers."""
     target = _package_names(tree)
     value = rng.randrange(10**8, 10**9)
-    final = f"assert {rng.choice(target)} == {value}" if target else f"assert {value} == {value + 1}"
-    if not tests:
-        return [f"def {name}():", f"    {final}"]
-    clone = rng.choice(tests[: max(1, len(tests) // 2)])
-    body = lines[clone.lineno - 1 : clone.end_lineno]
-    body[0] = re.sub(r"def\s+\w+", f"def {name}", body[0], count=1)
-    indent = re.match(r"\s*", lines[clone.body[0].lineno - 1]).group(0) or "    "
-    return [*body, f"{indent}{final}"]
+    return f"assert {rng.choice(target)} == {value}" if target else f"assert {value} == {value + 1}"
+
+
+def _bare_must_fail(tree: ast.Module | None, name: str, rng: random.Random) -> list[str]:
+    """A must-fail canary for a file with no test to clone: the false assertion alone."""
+    return [f"def {name}():", f"    {_false_assertion(tree, rng)}"]
 
 
 def _must_pass(name: str, rng: random.Random) -> list[str]:
@@ -180,22 +190,8 @@ def _plant_methods(source: str, tree: ast.Module, rng: random.Random, graded: li
     methods = [m for m in cls.body if isinstance(m, ast.FunctionDef)]
     lines = source.splitlines()
     indent = re.match(r"\s*", lines[methods[0].lineno - 1]).group(0)
-    short = sorted(
-        (m for m in methods if m.name.startswith("test") and not m.decorator_list and m.end_lineno
-         and m.body[0].lineno > m.lineno and len(m.args.args) == 1),
-        key=lambda m: m.end_lineno - m.lineno,
-    )  # fmt: skip
-    target = _package_names(tree)
-    value = rng.randrange(10**8, 10**9)
-    final = f"assert {rng.choice(target)} == {value}" if target else f"assert {value} == {value + 1}"
-    if short:
-        clone = rng.choice(short[: max(1, len(short) // 2)])
-        body = lines[clone.lineno - 1 : clone.end_lineno]
-        body[0] = re.sub(r"def\s+\w+", f"def {names[0]}", body[0], count=1)
-        inner = re.match(r"\s*", lines[clone.body[0].lineno - 1]).group(0)
-        must_fail = [*body, f"{inner}{final}"]
-    else:
-        must_fail = _as_method([f"def {names[0]}():", f"    {final}"], indent)
+    must_fail = _must_fail(tree, lines, cls.body, names[0], "test", rng, method=True)
+    must_fail = must_fail or _as_method(_bare_must_fail(tree, names[0], rng), indent)
     blocks = [must_fail, _as_method(_must_pass(names[1], rng), indent)]
     spots = _method_spots(cls)
     for at, i in sorted(((rng.choice(spots), i) for i in range(2)), reverse=True):
@@ -217,10 +213,11 @@ def plant(
         if text is None:
             return source, []
         return text, [Canary(fail_name, file, False), Canary(pass_name, file, True)]
-    blocks = [_must_fail(tree, source, fail_name, prefix, rng), _must_pass(pass_name, rng)]
+    lines = source.splitlines()
+    must_fail = _must_fail(tree, lines, tree.body if tree else [], fail_name, prefix, rng)
+    blocks = [must_fail or _bare_must_fail(tree, fail_name, rng), _must_pass(pass_name, rng)]
     ids = [f"{file}::{n}" for n in (fail_name, pass_name)] if style == "pytest" else [fail_name, pass_name]
     canaries = [Canary(ids[0], file, False), Canary(ids[1], file, True)]
-    lines = source.splitlines()
     spots = _positions(tree, len(lines), prefix)
     placed = sorted(((rng.choice(spots), i) for i in range(len(blocks))), reverse=True)
     for at, i in placed:  # the later spot first, so earlier indices stay right; spaced like the rest

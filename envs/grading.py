@@ -37,6 +37,7 @@ result was forged. The other layers are tripwires and hygiene on top:
 from __future__ import annotations
 
 import configparser
+import functools
 import json
 import random
 import re
@@ -167,9 +168,15 @@ def _binaries(sandbox: Sandbox, paths: list[str]) -> list[str]:
     return [p for p in found.output.splitlines() if p in code]
 
 
+@functools.lru_cache(maxsize=1024)
+def _files_of(diff: str) -> frozenset[str]:
+    """The paths a task's diff touches (git's parser, once per diff: grading asks for every episode)."""
+    return frozenset(patch_files(diff))
+
+
 def _protected_changes(
-    sandbox: Sandbox, changes: list[tuple[str, str]], test_files: set[str], import_roots: tuple[str, ...],
-    start: str, gold_files: set[str],
+    sandbox: Sandbox, changes: list[tuple[str, str]], test_files: frozenset[str],
+    import_roots: tuple[str, ...], start: str, gold_files: frozenset[str],
 ) -> list[str]:  # fmt: skip
     """The changed paths to reset: protected ones, importable binaries, and pyproject.toml /
     setup.cfg files whose pytest configuration changed. A file the gold patch itself changes is
@@ -506,10 +513,10 @@ def grade_in(
         ok, out = _apply_patch(sandbox, patch)
         if not ok:
             return GradeResult(False, {}, out, f"patch does not apply: {out.strip()[-300:]}")
-        test_files = set(patch_files(task.test_patch))
+        test_files = _files_of(task.test_patch)
         changes = _changed_paths(sandbox, start)
         roots, runner_project = _layout(sandbox)
-        gold_files = set(patch_files(task.patch)) - test_files if task.patch.strip() else set()
+        gold_files = _files_of(task.patch) - test_files
         dropped = _protected_changes(sandbox, changes, test_files, roots, start, gold_files)
         _reset(sandbox, dropped, start)
         kept = sandbox.exec(f"{_GIT} diff --cached --no-color --no-ext-diff --no-textconv --text {start}",

@@ -178,7 +178,7 @@ class RFTSection(Section):
 
 
 class RLSection(Section):
-    """Synchronous DAPO RL."""
+    """DAPO RL: synchronous (max_staleness 0, the paper's) or with bounded staleness."""
 
     iterations: int = Field(10, gt=0)
     problems_per_iteration: int = Field(300, gt=0)
@@ -202,9 +202,11 @@ class RLSection(Section):
     # or geometric-mean ("geometric") trainer/rollout ratio is outside [1/threshold, threshold]
     sequence_mask: Literal["none", "sequence", "geometric"] = "none"
     mask_threshold: float = Field(2.0, gt=1)
-    # async RL (jaxswe.stages.rl_async): a trained token is at most this many policy versions
-    # behind the trainer; 0 = the paper's synchronous loop
+    # async RL (jaxswe.rl.pump): groups are sampled up to this many policy versions ahead of the
+    # trainer; 0 = the paper's synchronous loop
     max_staleness: int = Field(0, ge=0)
+    # k > 0: how a token more than max_staleness versions old trains (jaxswe.rl.train.within_staleness)
+    stale_tokens: Literal["drop", "trajectory", "keep"] = "drop"
     entropy_coef: float = Field(0.0, ge=0)  # entropy bonus on trained tokens; not in DAPO, 0 = off
     # sampling-bias alarm (jaxswe.rollout.bias): fires when trained tokens are this many nats/token
     # less surprising than the trainer's entropy, at this z; stops the run unless bias_alarm_stop false

@@ -24,7 +24,7 @@ from jaxswe.rollout.engine import EmbeddedEngine  # noqa: E402
 from jaxswe.rollout.sampler import Sampler  # noqa: E402
 from jaxswe.run import checkpoint as ckpt_mod  # noqa: E402
 from jaxswe.stages.context import StageContext  # noqa: E402
-from jaxswe.stages.rl import run_rl  # noqa: E402
+from jaxswe.rl.loop import run_rl  # noqa: E402
 from jaxswe.stages.rollouts import EmbeddedBackend  # noqa: E402
 from jaxswe.stages.trainer import Trainer  # noqa: E402
 

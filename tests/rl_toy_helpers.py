@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import random
 from pathlib import Path
 
@@ -11,35 +10,13 @@ from jaxswe.stages.toy import toy_tokenizer  # noqa: F401 (the RL tests' tokeniz
 
 
 def toy_env_factory(seed: int, num_values: int):
-    """task id -> a fresh ToyEnv; seeds follow the call order, so runs are reproducible. Invalid
-    replies never end the episode early (the turn limit does), so they count as failures, not infra errors."""
-    seeds = itertools.count(seed * 1_000_003)
-    return lambda task_id: ToyEnv(next(seeds), num_values, max_format_errors=100)
+    """(task id, episode seed) -> a fresh ToyEnv drawn from (seed, task id, episode seed), so a run
+    replays exactly. Invalid replies never end the episode early (the turn limit does), so they
+    count as failures, not infra errors."""
 
-
-def toy_group_env_factory(
-    seed: int,
-    num_values: int,
-    group_size: int,
-    *,
-    require_look: bool = True,
-    shared_key: bool = True,
-    show_answer: bool = False,
-):
-    """task id -> a ToyEnv seeded by (seed, task id, call count). With `shared_key` the `group_size`
-    rollouts of one problem in an iteration share the key (rounds count the calls per task id, as
-    `run_rl` builds each group's envs together) and the next round of that task draws a new one;
-    without it every episode draws its own key (the environment itself is random). `require_look`
-    and `show_answer` are ToyEnv's options."""
-    calls: dict[str, int] = {}
-
-    def make(task_id: str) -> ToyEnv:
-        n = calls.get(task_id, 0)
-        calls[task_id] = n + 1
-        env_seed = random.Random(f"{seed}/{task_id}/{n // group_size if shared_key else n}").getrandbits(63)
-        return ToyEnv(
-            env_seed, num_values, max_format_errors=100, require_look=require_look, show_answer=show_answer
-        )
+    def make(task_id: str, episode_seed: int | None = None) -> ToyEnv:
+        env_seed = random.Random(f"{seed}/{task_id}/{episode_seed}").getrandbits(63)
+        return ToyEnv(env_seed, num_values, max_format_errors=100)
 
     return make
 

@@ -43,7 +43,7 @@ def test_killed_collection_resumes_where_it_stopped(tmp_path):
     kept = {json.loads(line)["slot"]: json.loads(line) for line in lines[:3]}
     built = []
     make_env = ctx.make_env
-    ctx.make_env = lambda task: built.append(task) or make_env(task)
+    ctx.make_env = lambda task, seed=None: built.append(task) or make_env(task, seed)
     second = collect_samples(ctx, path)
     _close(ctx)
     assert len(built) == 5 and [e.task_id for e in second] == slots

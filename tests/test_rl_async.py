@@ -35,27 +35,23 @@ def _cli_rl(run_dir: Path, *sets: str, timeout: int = 900) -> list[dict]:
     return read_rows(run_dir / "metrics.jsonl")
 
 
-CORRECTION_KEYS = {
-    "offpolicy_weight_mean",
-    "offpolicy_weight_max",
-    "tis_clip_fraction",
-    "offpolicy_masked_fraction",
-}
-
-
 def _timing(key: str) -> bool:
     return key.startswith("time_") or key.endswith("_per_s")
 
 
-def test_k0_reproduces_the_synchronous_loop_rows(tmp_path):
-    """3 iterations with max_staleness 0 give the rows the pre-restructuring code wrote (same
-    seed, one CPU device; tests/data/rl_sync_reference.json says how they were made)."""
-    rows = _cli_rl(tmp_path / "rl", "rl.iterations=3", "rl.max_staleness=0")
-    want = REFERENCE["rows"]["default"]
+@pytest.mark.parametrize(
+    "variant,sets",
+    [("default", ()), ("resample", ("rl.resample_to_fill=true", "rl.max_resample_rounds=2"))],
+)
+def test_k0_reproduces_the_synchronous_loop_rows(tmp_path, variant, sets):
+    """3 iterations at max_staleness 0 through the pump give the rows the separate synchronous
+    collector wrote before it was deleted (same seed, one CPU device; with dynamic sampling's
+    resample rounds too; tests/data/rl_sync_reference.json says how they were made)."""
+    rows = _cli_rl(tmp_path / "rl", "rl.iterations=3", "rl.max_staleness=0", *sets)
+    want = REFERENCE["rows"][variant]
     assert len(rows) == len(want) == 3
     for got, ref in zip(rows, want, strict=True):
-        # the off-policy correction's own metrics are new (the old loop folded TIS into advantages)
-        compared = {k for k in got if not _timing(k) and k not in CORRECTION_KEYS}
+        compared = {k for k in got if not _timing(k)}
         assert compared == set(ref), set(ref) ^ compared
         for key, value in ref.items():
             if isinstance(value, float):
@@ -147,8 +143,9 @@ def test_stale_tokens_are_not_trained_and_staleness_is_measured():
     staleness_stats describes the trained tokens and the stale fraction left out."""
     from jaxswe.errors import UserError
     from jaxswe.stages.episodes import Episode
-    from jaxswe.stages.rl import Collected, judge, training_sequences
-    from jaxswe.stages.rl_async import check_versioned, staleness_stats, trainable
+    from jaxswe.rl.pump import Collected, judge
+    from jaxswe.rl.train import training_sequences
+    from jaxswe.rl.pump import check_versioned, staleness_stats, trainable
 
     def ep(versions, resolved):
         n = len(versions)
@@ -194,7 +191,7 @@ def test_the_trainer_takes_the_first_drawn_of_the_finished_groups():
     """Of the groups already done the trainer gets the first drawn, not the first to finish (which
     would depend on timing and favour groups of short episodes); with none done, the next to
     finish."""
-    from jaxswe.stages.rl_async import RolloutPump
+    from jaxswe.rl.pump import RolloutPump
 
     pump = object.__new__(RolloutPump)  # its bookkeeping alone: capacity 0 starts no groups
     pump.capacity, pump.outstanding, pump.error, pump.finished = 0, 3, None, {}
@@ -228,7 +225,7 @@ def test_a_take_trains_its_groups_in_draw_order_whatever_finished_first():
     them over in draw order, so the batches do not depend on which episode was quicker."""
     from jaxswe.config import load_config
     from jaxswe.stages.episodes import Episode
-    from jaxswe.stages.rl_async import RolloutPump
+    from jaxswe.rl.pump import RolloutPump
 
     cfg = load_config(ROOT / "configs" / "toy-rl.yaml", ["rl.problems_per_iteration=2", "rl.max_staleness=1"])
     pump = object.__new__(RolloutPump)  # capacity 0 starts no groups
@@ -282,7 +279,7 @@ def test_sampling_check_reports_nothing_when_every_token_is_stale():
     are none the row says so (None, 0 tokens), not a perfect 0.0 gap; with some it measures them."""
     from jaxswe.config import RLSection
     from jaxswe.data.packing import TokenBatch
-    from jaxswe.stages.rl import check_sampling
+    from jaxswe.rl.train import check_sampling
 
     rng = np.random.default_rng(0)
     shape = (2, 6)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from jaxswe.stages.rl_math import advantage_stats, compute_group_advantages, shaped_rewards
+from jaxswe.rl.rewards import advantage_stats, compute_group_advantages, shaped_rewards
 
 
 def test_shaped_rewards_turn_penalty():
@@ -22,8 +22,11 @@ def test_group_advantages_drop_and_exclude():
     g = np.array([1.0, 0, 0, 1])
     ref = (g - g.mean()) / (g.std() + 1e-6)
     np.testing.assert_allclose(res.advantages[0], ref, rtol=1e-5)
-    st = advantage_stats(res)
+    st = advantage_stats(res, res.kept)
     assert st["adv_max"] == pytest.approx(1, abs=1e-5) and st["adv_min"] == pytest.approx(-1, abs=1e-5)
+    # only the groups that train count (dynamic sampling's limit, the staleness bound)
+    assert advantage_stats(res, [False, False, True, False])["adv_mean"] == pytest.approx(0, abs=1e-6)
+    assert advantage_stats(res, [False] * 4) == dict.fromkeys(("adv_mean", "adv_std", "adv_min", "adv_max"), 0.0)
 
 
 def test_mismatched_input():

@@ -1,4 +1,4 @@
-"""How one RL iteration's trajectories become optimizer steps (`jaxswe.stages.rl.minibatches`)."""
+"""How one RL iteration's trajectories become optimizer steps (`jaxswe.rl.train.minibatches`)."""
 
 import numpy as np
 import pytest
@@ -24,7 +24,7 @@ def _found(steps):
 
 @pytest.mark.parametrize("rows_per_step", [None, 4])
 def test_each_trajectory_once_in_random_mixed_steps(rows_per_step):
-    from jaxswe.stages.rl import minibatches
+    from jaxswe.rl.train import minibatches
 
     rl = RLSection(trajectories_per_step=8, seq_len=64, rows_per_step=rows_per_step)
     steps, truncated = minibatches(_trajectories(), rl, 2, np.random.default_rng(0))

@@ -1,6 +1,6 @@
 import pytest
 
-from jaxswe.stages.task_pool import (
+from jaxswe.rl.problems import (
     DataOrder,
     filter_by_history,
     merge_histories,

@@ -22,7 +22,7 @@ from jaxswe.rollout.sampler import Sampler
 from jaxswe.rollout.server import RolloutServer
 from jaxswe.rollout.weights import load_model
 from jaxswe.run.metrics import read_rows
-from jaxswe.stages.rl import run_rl
+from jaxswe.rl.loop import run_rl
 from jaxswe.stages.runtime import make_backend
 from jaxswe.stages.trainer import Trainer
 

@@ -15,7 +15,7 @@ from jaxswe.stages.rft import run_rft
 from jaxswe.stages.runtime import policy_from_checkpoint
 from jaxswe.stages.stage_io import load_history
 from jaxswe.stages.stages import run_rl_stage
-from jaxswe.stages.task_pool import filter_by_history
+from jaxswe.rl.problems import filter_by_history
 
 NV = 2
 

@@ -8,8 +8,8 @@ outside the policy (sandbox, server, grading, or a Step with `info["infra_error"
 ends an episode with ended_by "error" and no `infra_error` (e.g. too many format errors) blamed
 the policy: the episode keeps its reward from `env.reward()`.
 
-Seeds: when `sampling.sampling_seed` is set, `run_episodes` gives each episode its own seed from
-(that seed, task id, which sample of the task it is) and `run_episode` each turn one from (the
+Seeds: `run_episodes` takes one seed per episode (or derives them from `sampling.sampling_seed`,
+task id and which sample of the task it is) and `run_episode` gives each turn one from (the
 episode's seed, turn number), so an episode's tokens do not depend on which episodes run beside it,
 in which order, or how the engine batched them.
 """
@@ -188,8 +188,10 @@ async def run_episodes(
     max_context_tokens: int,
     concurrency: int = 8,
     on_done: Callable[[int, Trajectory], None] | None = None,
+    seeds: Sequence[int | None] | None = None,
 ) -> list[Trajectory]:
     """Run episodes with at most `concurrency` in flight; results come back in the order of `envs`.
+    `seeds`: each episode's sampling seed (default: `episode_seeds` of the envs' task ids).
 
     Environment calls use a pool of `concurrency` threads (one per episode in flight), so slow
     sandboxes never wait on a shared default pool.
@@ -198,8 +200,9 @@ async def run_episodes(
         raise ValueError("concurrency must be >= 1")
     chat = ChatFormat.from_tokenizer(tokenizer)
     gate = asyncio.Semaphore(concurrency)
-    tasks = [getattr(env, "task_id", None) or f"#{i}" for i, env in enumerate(envs)]
-    seeds = episode_seeds(tasks, sampling.sampling_seed)
+    if seeds is None:
+        tasks = [getattr(env, "task_id", None) or f"#{i}" for i, env in enumerate(envs)]
+        seeds = episode_seeds(tasks, sampling.sampling_seed)
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="jaxswe-env") as pool:
 
         async def one(i: int, env: Environment) -> Trajectory:

@@ -19,13 +19,20 @@ from typing import Any, Protocol, TypeVar
 import jax
 
 from envs.base import Environment
+from jaxswe.agent.loop import episode_seeds, run_episodes
 from jaxswe.config import AgentSection
 from jaxswe.distributed import barrier, broadcast, is_main, on_main_async, to_host
 from jaxswe.rollout.types import Engine, SamplingParams
 from jaxswe.stages.episodes import Episode, from_trajectory
 
-EnvFactory = Callable[[str], Environment]
 T = TypeVar("T")
+
+
+class EnvFactory(Protocol):
+    """(task id, episode seed) -> a fresh environment for one episode. A random environment (the
+    toy game) draws from the seed alone, so an episode replays exactly from its seed."""
+
+    def __call__(self, task_id: str, seed: int | None = None) -> Environment: ...
 
 
 class Backend(Protocol):
@@ -161,8 +168,11 @@ async def collect_episodes(
     concurrency: int = 8,
     on_done: Callable[[int, Episode], None] | None = None,
     every_process: bool = True,
+    seeds: list[int] | None = None,
 ) -> tuple[list[Episode], float]:
     """Run one episode per entry of `task_ids` (repeat an id for a group), all in flight at once.
+    `seeds` are the episodes' own seeds (sampling and environment); by default they follow
+    `sampling.sampling_seed`, the task id and which sample of the task each is.
 
     Returns the episodes in input order and the wall time; `on_done(index, episode)` is called as
     each one finishes (to stream them to disk). An environment that cannot even be built counts as
@@ -170,20 +180,22 @@ async def collect_episodes(
     every process gets its episodes (see jaxswe.distributed); with `every_process` False only the
     calling process (process 0: its engine) runs them and gets them, with no collective.
     """
-    run = lambda: _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concurrency, on_done)
+    if seeds is None:
+        seeds = episode_seeds(task_ids, sampling.sampling_seed)
+    if len(seeds) != len(task_ids):
+        raise ValueError(f"{len(seeds)} seeds for {len(task_ids)} episodes")
+    run = lambda: _collect(task_ids, seeds, make_env, engine, tokenizer, sampling, agent, concurrency, on_done)
     return await (on_main_async(run) if every_process else run())
 
 
-async def _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concurrency, on_done):
+async def _collect(task_ids, seeds, make_env, engine, tokenizer, sampling, agent, concurrency, on_done):
     """collect_episodes on one process (`on_done` streams from process 0 only)."""
-    from jaxswe.agent.loop import run_episodes
-
     start = time.perf_counter()
     envs: list[Environment | None] = []
     failures: dict[int, str] = {}
     for i, task in enumerate(task_ids):
         try:
-            envs.append(make_env(task))
+            envs.append(make_env(task, seeds[i]))
         except Exception as err:  # sandbox could not start: infra, not the policy's fault
             failures[i] = f"{type(err).__name__}: {err}"
             envs.append(None)
@@ -200,6 +212,7 @@ async def _collect(task_ids, make_env, engine, tokenizer, sampling, agent, concu
         max_turns=agent.max_turns,
         max_context_tokens=agent.max_context_tokens,
         concurrency=concurrency,
+        seeds=[seeds[i] for i in live_index],
         on_done=None
         if on_done is None
         else lambda j, traj: on_done(live_index[j], from_trajectory(task_ids[live_index[j]], traj)),

@@ -206,7 +206,7 @@ def load_pool(path: str) -> list[Any]:
 
 
 def env_factory(cfg: RunConfig, tasks: list[Any]) -> EnvFactory:
-    """task id -> a fresh SWE environment (or toy game) for one episode."""
+    """(task id, episode seed) -> a fresh SWE environment (or toy game) for one episode."""
     from jaxswe.agent.swe_env import SWEEnv
     from jaxswe.stages.toy import is_toy, toy_env_factory
 
@@ -214,4 +214,4 @@ def env_factory(cfg: RunConfig, tasks: list[Any]) -> EnvFactory:
         return toy_env_factory(cfg)
 
     by_id = {t.instance_id: t for t in tasks}
-    return lambda task_id: SWEEnv.from_config(by_id[task_id], cfg)
+    return lambda task_id, seed=None: SWEEnv.from_config(by_id[task_id], cfg)  # a task is deterministic

@@ -37,14 +37,12 @@ def toy_tasks(cfg: RunConfig) -> list[ToyTask]:
 
 
 def toy_env_factory(cfg: RunConfig):
-    """task id -> a fresh ToyEnv seeded by (seed, task id, how many episodes of it came before)."""
-    calls: dict[str, int] = {}
+    """(task id, episode seed) -> a fresh ToyEnv whose keys follow (run seed, task id, episode
+    seed) only, so a resumed run replays the same games."""
 
-    def make(task_id: str) -> ToyEnv:
-        n = calls.get(task_id, 0)
-        calls[task_id] = n + 1
-        seed = random.Random(f"{cfg.seed}/{task_id}/{n}").getrandbits(63)
-        return ToyEnv(seed, cfg.env.toy_values, max_format_errors=100, require_look=True, show_answer=True)
+    def make(task_id: str, seed: int | None = None) -> ToyEnv:
+        env_seed = random.Random(f"{cfg.seed}/{task_id}/{seed}").getrandbits(63)
+        return ToyEnv(env_seed, cfg.env.toy_values, max_format_errors=100, require_look=True, show_answer=True)
 
     return make
 

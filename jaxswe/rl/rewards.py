@@ -34,9 +34,6 @@ class GroupResult:
     def groups_kept(self) -> int:
         return sum(self.kept)
 
-    def kept_advantages(self) -> np.ndarray:
-        return np.array([a for adv, k in zip(self.advantages, self.kept, strict=True) if k for a in adv])
-
 
 def compute_group_advantages(rewards: list[list[float]], infra_failed: list[list[bool]]) -> GroupResult:
     """Group-normalized advantages over the scored members of each group (`group_advantages`)."""
@@ -62,9 +59,10 @@ def compute_group_advantages(rewards: list[list[float]], infra_failed: list[list
     return GroupResult(advantages=advantages, kept=kept, infra_failures=failures)
 
 
-def advantage_stats(result: GroupResult) -> dict[str, float]:
-    """Mean, std, min, max of the advantages that reach the loss."""
-    a = result.kept_advantages()
+def advantage_stats(result: GroupResult, trained: list[bool]) -> dict[str, float]:
+    """Mean, std, min, max of the advantages that reach the loss: those of the `trained` groups
+    (informative, and chosen by dynamic sampling's limit and the staleness bound)."""
+    a = np.array([x for adv, t in zip(result.advantages, trained, strict=True) if t for x in adv])
     if a.size == 0:
         return {"adv_mean": 0.0, "adv_std": 0.0, "adv_min": 0.0, "adv_max": 0.0}
     return {

@@ -1,0 +1,254 @@
+"""Collection: the groups one RL iteration trains on, from a `RolloutPump` at any staleness k.
+
+A group is G episodes of one problem, judged (rewards, advantages) only when all its episodes are
+done. `draw` picks the next problems from the seeded data order and gives every episode its seed
+from (run seed, the order before the draw, the problem's place in it, the sample); the order is in
+every checkpoint, so a resumed run replays the same episodes.
+
+k = 0 (rl.max_staleness 0, the paper's synchronous loop): nothing is sampled ahead. `take` draws
+P problems under policy version step - 1, waits for every group, and with rl.resample_to_fill
+draws the missing count again, up to rl.max_resample_rounds more rounds (DAPO's dynamic sampling).
+
+k > 0 (asynchronous, partial rollouts): the pump keeps k x P groups outstanding (running, or done
+and not yet taken) and starts a new group as soon as one is taken, so the engine never waits for
+the trainer and the trainer never waits for the slowest episode. Weight updates do not stop
+episodes: a running episode continues under the new weights from its next turn, and every sampled
+token keeps the version that sampled it (`Episode.policy_versions`). `take` hands policy version
+step - 1 finished groups until P of them are informative, within P x (1 + rounds) groups: of the
+groups done, the first drawn; else the next to finish; then in draw order, so the batches depend
+on timing only through which groups are done when it looks. A token more than k versions behind
+the trainer is stale; how stale tokens train is rl.stale_tokens (jaxswe.rl.train).
+
+With several JAX processes the pump runs on process 0, like every rollout (jaxswe.distributed),
+and `take` broadcasts the judged groups, so every process trains on the same batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from jaxswe.config import RunConfig
+from jaxswe.distributed import is_main, on_main_async
+from jaxswe.errors import UserError
+from jaxswe.rl.problems import DataOrder, next_problems
+from jaxswe.rl.rewards import GroupResult, compute_group_advantages, shaped_rewards
+from jaxswe.rollout.types import derive_seed
+from jaxswe.stages.context import StageContext
+from jaxswe.stages.episodes import Episode
+from jaxswe.stages.rollouts import collect_episodes
+
+
+@dataclass
+class Collected:
+    """The judged groups one iteration trains from (`kept`: the ones it trains on)."""
+
+    groups: list[list[Episode]]
+    rewards: list[list[float]]
+    result: GroupResult
+    kept: list[bool]
+    rounds: int = 0
+    timings: Counter = field(default_factory=Counter)
+    extra: dict[str, float] = field(default_factory=dict)  # k > 0: staleness metrics
+    min_version: int | None = None  # k > 0: tokens of older policy versions are stale
+
+
+def group_rewards(group: list[Episode], cfg: RunConfig) -> list[float]:
+    """Shaped rewards (outcome + turn penalty) of one group's episodes."""
+    return shaped_rewards(
+        np.array([e.resolved for e in group]),
+        np.array([e.num_turns for e in group]),
+        threshold=cfg.rl.turn_penalty_threshold,
+        max_turns=cfg.agent.max_turns,
+    ).tolist()
+
+
+def judge(groups: list[list[Episode]], rewards: list[list[float]]) -> GroupResult:
+    return compute_group_advantages(rewards, [[e.infra_error is not None for e in g] for g in groups])
+
+
+def first_kept(kept: list[bool], limit: int) -> list[bool]:
+    """DAPO's dynamic sampling trains on at most `limit` informative groups (the first ones)."""
+    first = set([i for i, k in enumerate(kept) if k][:limit])
+    return [i in first for i in range(len(kept))]
+
+
+def draw(cfg: RunConfig, task_ids: list[str], count: int, order: DataOrder):
+    """(the next `count` problems, each one's G episode seeds, the advanced order)."""
+    problems, after = next_problems(task_ids, count, order, cfg.seed)
+    at = (order.epoch, order.cursor)
+    seeds = [[derive_seed(cfg.seed, "rl", at, j, s) for s in range(cfg.rl.group_size)] for j in range(len(problems))]
+    return problems, seeds, after
+
+
+def sampled_versions(group: list[Episode]) -> np.ndarray:
+    """The policy version of every sampled token of `group`'s scored episodes."""
+    return np.array(
+        [
+            v
+            for e in group
+            if e.infra_error is None
+            for v, m in zip(e.policy_versions, e.loss_mask, strict=True)
+            if m
+        ],  # fmt: skip
+        np.int64,
+    )
+
+
+def check_versioned(group: list[Episode]) -> None:
+    """Raise when a sampled token of `group` has no policy version (the engine reported none):
+    with k > 0 it could never be told fresh from stale."""
+    if (sampled_versions(group) < 0).any():
+        raise UserError(
+            "rl.max_staleness > 0 needs the policy version of every sampled token, and the rollout "
+            "engine reported none (meta_info.weight_version); use an engine that reports it "
+            "(jaxswe serve, or an SGLang whose /generate meta_info has weight_version) or rl.max_staleness 0"
+        )
+
+
+def trainable(group: list[Episode], min_version: int) -> bool:
+    """Whether `group` has a sampled token from `min_version` or later (one that may train)."""
+    return bool((sampled_versions(group) >= min_version).any())
+
+
+def staleness_stats(groups: list[list[Episode]], kept: list[bool], version: int, k: int) -> dict[str, Any]:
+    """Staleness of the kept groups' sampled tokens behind the trainer's `version`: of those within
+    k (mean, max, fraction at each lag 0..k), the fraction more than k behind
+    (`staleness_masked_frac`), and the kept groups' scored trajectories with no token within k
+    (`trajectories_stale`: typically the quick episodes of a group that waited for a straggler)."""
+    chosen = [g for g, keep in zip(groups, kept, strict=True) if keep]
+    lags = version - np.concatenate([sampled_versions(g) for g in chosen] or [np.zeros(0, np.int64)])
+    fresh = lags[lags <= k]
+    out: dict[str, Any] = {
+        "staleness_mean": float(fresh.mean()) if fresh.size else 0.0,
+        "staleness_max": int(fresh.max()) if fresh.size else 0,
+        "staleness_masked_frac": float((lags > k).mean()) if lags.size else 0.0,
+        "trajectories_stale": sum(
+            1 for g in chosen for e in g if e.infra_error is None and not trainable([e], version - k)
+        ),
+    }
+    for lag in range(k + 1):
+        out[f"staleness_frac_{lag}"] = float((fresh == lag).mean()) if fresh.size else 0.0
+    return out
+
+
+class RolloutPump:
+    """Groups of episodes, drawn in order and run on the rollout engine; `take` is an iteration's
+    collection (see the module doc)."""
+
+    def __init__(self, ctx: StageContext, order: DataOrder):
+        rl = ctx.cfg.rl
+        self.ctx = ctx
+        self.order = order  # drawn ahead of training: includes the problems of outstanding groups
+        self.capacity = rl.max_staleness * rl.problems_per_iteration  # groups sampled ahead
+        self.outstanding = 0
+        self.drawn = 0  # groups started so far: a group's draw index orders the finished ones
+        self.finished: dict[int, list[Episode]] = {}
+        self.tasks: set[asyncio.Task] = set()
+        self.changed = asyncio.Event()
+        self.error: BaseException | None = None
+        if is_main():  # the other processes only receive `take`'s broadcast
+            self._fill()
+
+    def _fill(self) -> None:
+        while self.outstanding < self.capacity:
+            self._start(1)
+
+    def _start(self, count: int) -> None:
+        """Draw `count` problems and run their groups as one collection."""
+        problems, seeds, self.order = draw(self.ctx.cfg, self.ctx.task_ids, count, self.order)
+        self.outstanding += len(problems)
+        run = self._run(self.drawn, problems, seeds)
+        self.drawn += len(problems)
+        task = asyncio.get_running_loop().create_task(run)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, first: int, problems: list[str], seeds: list[list[int]]) -> None:
+        cfg, g = self.ctx.cfg, self.ctx.cfg.rl.group_size
+        try:
+            episodes, _ = await collect_episodes(
+                [p for p in problems for _ in range(g)],
+                self.ctx.make_env,
+                self.ctx.backend.engine,
+                self.ctx.tokenizer,
+                self.ctx.sampling,
+                cfg.agent,
+                concurrency=cfg.env.max_parallel,
+                every_process=False,  # `take` broadcasts the groups it hands the trainer
+                seeds=[s for group in seeds for s in group],
+            )
+            for j in range(len(problems)):
+                self.finished[first + j] = episodes[j * g : (j + 1) * g]
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # surfaces in the trainer's next take
+            self.error = err
+        self.changed.set()
+
+    async def _next_group(self) -> tuple[int, list[Episode]]:
+        """(draw index, episodes) of the first drawn of the groups done (waits for one if none is)."""
+        while not self.finished:
+            if self.error is not None:
+                raise self.error
+            self.changed.clear()
+            await self.changed.wait()
+        self.outstanding -= 1
+        self._fill()
+        index = min(self.finished)
+        return index, self.finished.pop(index)
+
+    async def take(self, step: int) -> tuple[Collected, DataOrder]:
+        """The judged groups policy version step - 1 trains on, and the data order after them
+        (ahead by the outstanding groups' problems), on every process."""
+        return await on_main_async(lambda: self._take(step))
+
+    async def _take(self, step: int) -> tuple[Collected, DataOrder]:
+        cfg, rl = self.ctx.cfg, self.ctx.cfg.rl
+        version, k, want = step - 1, rl.max_staleness, rl.problems_per_iteration
+        extra_rounds = rl.max_resample_rounds if rl.resample_to_fill else 0
+        t0 = time.perf_counter()
+        drawn, groups, rewards, fresh = [], [], [], []
+        rounds = 0
+        while True:
+            if k == 0:  # synchronous: sample the missing groups now, all by the newest version
+                self._start(want - sum(judge(groups, rewards).kept))
+                rounds += 1
+            while True:  # k = 0: the whole round; k > 0: the next group
+                index, group = await self._next_group()
+                if k:
+                    check_versioned(group)
+                drawn.append(index)
+                groups.append(group)
+                rewards.append(group_rewards(group, cfg))
+                fresh.append(k == 0 or trainable(group, version - k))
+                if k or not self.outstanding:
+                    break
+            kept = [a and b for a, b in zip(judge(groups, rewards).kept, fresh, strict=True)]
+            spent = rounds > extra_rounds if k == 0 else len(groups) >= want * (1 + extra_rounds)
+            if sum(kept) >= want or spent:
+                break
+        by_draw = np.argsort(drawn)  # in draw order, whichever finished first
+        groups, rewards, fresh = ([xs[i] for i in by_draw] for xs in (groups, rewards, fresh))
+        result = judge(groups, rewards)
+        kept = first_kept([a and b for a, b in zip(result.kept, fresh, strict=True)], want)
+        timings = Counter(
+            time_rollout_s=time.perf_counter() - t0,
+            time_grading_s=sum(e.grading_s for g in groups for e in g),  # summed over parallel episodes
+        )
+        resampled = rounds - 1 if k == 0 else max(0, -(-len(groups) // want) - 1)
+        if k == 0:
+            return Collected(groups, rewards, result, kept, resampled, timings), self.order
+        extra = {"groups_stale": len(fresh) - sum(fresh), **staleness_stats(groups, kept, version, k)}
+        return Collected(groups, rewards, result, kept, resampled, timings, extra, version - k), self.order
+
+    async def stop(self) -> None:
+        """Cancel the outstanding episodes (a resumed run starts new ones)."""
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -1,0 +1,182 @@
+"""The trainer's half of an RL iteration: pack -> recompute -> check sampling -> update.
+
+The judged groups (jaxswe.rl.pump) become packed `TokenBatch` rows with the rollout's log-probs;
+the trainer recomputes the old log-probs before any update (the rollout-vs-trainer gap and the
+sampling-bias alarm read them), then takes one DAPO optimizer step per mini-batch, the off-policy
+correction computed inside the jitted loss.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from jaxswe.config import RLSection
+from jaxswe.data.packing import Sequence, TokenBatch, pack_sequences, pad_rows, split_rows
+from jaxswe.rl.pump import Collected
+from jaxswe.rollout.bias import BiasAlarm, sampling_bias
+from jaxswe.rollout.client import logprob_gap
+from jaxswe.stages.context import StageContext
+from jaxswe.stages.trainer import Trainer
+
+
+def within_staleness(seq: Sequence, min_version: int, stale_tokens: str) -> Sequence | None:
+    """`seq` as it trains when `min_version` is the oldest fresh policy version (rl.stale_tokens):
+    "drop" leaves its older tokens out of the loss, "trajectory" trains it whole only when its
+    oldest sampled token is fresh, "keep" trains every token (the loss's importance weights
+    correct them). None when nothing of it trains."""
+    sampled = seq.loss_mask > 0
+    stale = sampled & (seq.policy_versions < min_version)
+    if stale_tokens == "drop":
+        seq = replace(seq, loss_mask=seq.loss_mask * ~stale)
+        return seq if seq.loss_mask.any() else None
+    if stale_tokens == "trajectory":
+        return None if stale.any() else seq
+    return seq
+
+
+def training_sequences(c: Collected, stale_tokens: str = "drop") -> tuple[list[Sequence], list[Sequence]]:
+    """(trained, dropped) sequences: the scored episodes of kept groups with their advantages, and
+    those of dropped groups (only checked for sampling bias). With `c.min_version` (k > 0) stale
+    tokens train as `stale_tokens` says (`within_staleness`); a trajectory left with none is not
+    packed, and its outcome still counts in its group's advantages."""
+    seqs, dropped = [], []
+    for grp, adv_g, keep in zip(c.groups, c.result.advantages, c.kept, strict=True):
+        for ep, adv in zip(grp, adv_g, strict=True):
+            if ep.infra_error is not None:
+                continue
+            seq = ep.rl_sequence(adv)
+            if c.min_version is not None:
+                seq = within_staleness(seq, c.min_version, stale_tokens)
+                if seq is None:
+                    continue
+            (seqs if keep else dropped).append(seq)
+    return seqs, dropped
+
+
+def minibatches(
+    seqs: list[Sequence], rl: RLSection, rows_multiple: int, rng: np.random.Generator
+) -> tuple[list[TokenBatch], int]:
+    """Shuffle the trajectories into ceil(n / trajectories_per_step) mini-batches of random
+    trajectories (so no step sees only long failures or only short successes) and pack each into
+    rows; returns the per-step batches and how many trajectories were cut to seq_len. With
+    `rows_per_step` every step has exactly that many rows (one compiled shape): a mini-batch that
+    packs into more rows is split over several steps."""
+    order = rng.permutation(len(seqs))
+    num_batches = max(1, math.ceil(len(seqs) / rl.trajectories_per_step))
+    fixed = rl.rows_per_step
+    steps, truncated = [], 0
+    for chosen in np.array_split(order, num_batches):
+        batch = pack_sequences(
+            [seqs[i] for i in chosen],
+            rl.seq_len,
+            rows_multiple=1 if fixed else rows_multiple,
+            power_of_two_rows=fixed is None,
+        )
+        truncated += batch.truncated
+        if not fixed:
+            steps.append(batch.arrays)
+            continue
+        for start, stop in split_rows(batch.num_rows, math.ceil(batch.num_rows / fixed)):
+            steps.append(pad_rows(batch.rows(start, stop), fixed))
+    return steps, truncated
+
+
+Dist = tuple[np.ndarray, np.ndarray]  # the trainer's entropy and surprisal variance [B, T] of a batch
+
+
+def recompute(trainer: Trainer, steps: list[TokenBatch]) -> tuple[list[TokenBatch], list[Dist]]:
+    """The steps with the trainer's old log-probs (before any update), and their `Dist`s."""
+    out, dists = [], []
+    for batch in steps:
+        lp, ent, var = trainer.logprobs(batch)
+        out.append(batch._replace(old_logprobs=lp))
+        dists.append((ent, var))
+    return out, dists
+
+
+def _flat(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate([x.reshape(-1) for x in parts]) if parts else np.zeros(0, np.float32)
+
+
+BIAS_KEYS = ("sampling_bias_nats", "sampling_bias_z", "sampling_surprisal", "sampling_entropy")
+
+
+def check_sampling(
+    rl: RLSection, steps: list[TokenBatch], dists: list[Dist], where: str, version: int | None
+) -> dict[str, Any]:
+    """The rollout-vs-trainer log-prob gap and the sampling-bias statistics of the sampled tokens
+    of `steps` (recomputed, not yet updated); with `version`, of the tokens that policy version
+    sampled (older ones differ from the trainer by design). None when there is no such token
+    (k > 0 and every token is stale: nothing was checked). Raises when the alarm fires and
+    rl.bias_alarm_stop."""
+    mask = _flat([b.loss_mask for b in steps]) > 0
+    if version is not None:
+        mask &= _flat([b.policy_versions for b in steps]) == version
+    if not mask.any():
+        keys = ("logprob_gap_mean_abs", "logprob_gap_max_abs", "logprob_gap_kl", *BIAS_KEYS)
+        return dict.fromkeys(keys) | {"sampling_bias_tokens": 0, "sampling_bias_alarm": 0}
+    trainer_lp = _flat([b.old_logprobs for b in steps])
+    gap = logprob_gap(_flat([b.rollout_logprobs for b in steps]), trainer_lp, mask)
+    bias = sampling_bias(trainer_lp, _flat([e for e, _ in dists]), _flat([v for _, v in dists]), mask)
+    alarm = BiasAlarm(min_nats=rl.bias_alarm_nats, z=rl.bias_alarm_z, stop=rl.bias_alarm_stop)
+    fired = alarm.check(bias, where=where, gap_kl=gap["kl"])
+    return {
+        "logprob_gap_mean_abs": gap["mean_abs"],
+        "logprob_gap_max_abs": gap["max_abs"],
+        "logprob_gap_kl": gap["kl"],
+        **bias,
+        "sampling_bias_alarm": int(fired),
+    }
+
+
+STEP_METRICS = ("loss", "clip_fraction", "approx_kl", "ratio_mean", "grad_norm")
+CORRECTION_METRICS = ("offpolicy_weight_mean", "tis_clip_fraction", "offpolicy_masked_fraction")
+
+
+def update(trainer: Trainer, steps: list[TokenBatch], dists: list[Dist]) -> dict[str, Any]:
+    """One DAPO optimizer step per batch; the iteration's training metrics."""
+    t0 = time.perf_counter()
+    step_metrics = [trainer.dapo_update(batch) for batch in steps]
+    train_s = time.perf_counter() - t0
+    mask = _flat([b.loss_mask for b in steps]) > 0
+    entropy = _flat([e for e, _ in dists])
+    tokens = float(mask.sum())
+    out = {
+        "optimizer_steps": len(step_metrics),
+        "tokens_trained": tokens,
+        "entropy": float(entropy[mask].mean()) if mask.any() else None,
+        "train_tokens_per_s": tokens / max(train_s, 1e-9),
+    }
+    for key in STEP_METRICS + tuple(k for k in CORRECTION_METRICS if k in step_metrics[0]):
+        out[key] = float(np.mean([m[key] for m in step_metrics]))
+    if "offpolicy_weight_max" in step_metrics[0]:
+        out["offpolicy_weight_max"] = float(max(m["offpolicy_weight_max"] for m in step_metrics))
+    return out
+
+
+def train_on(ctx: StageContext, c: Collected, step: int) -> dict[str, Any]:
+    """pack -> recompute -> check sampling (over all scored trajectories, before any update: a
+    stop leaves the weights untouched) -> update; returns the training metrics."""
+    rl, trainer = ctx.cfg.rl, ctx.trainer
+    seqs, dropped = training_sequences(c, rl.stale_tokens)
+    rng = np.random.default_rng([ctx.cfg.seed, step])
+    steps, truncated = minibatches(seqs, rl, trainer.rows_multiple, rng) if seqs else ([], 0)
+    steps, dists = recompute(trainer, steps)
+    # a server that truncates must be caught even in an iteration where no group is informative
+    extra, _ = (
+        minibatches(dropped, rl, trainer.rows_multiple, np.random.default_rng(0)) if dropped else ([], 0)
+    )
+    extra, extra_dists = recompute(trainer, extra)
+    out: dict[str, Any] = {"trajectories_trained": len(seqs), "optimizer_steps": 0}
+    if seqs or dropped:
+        where = f"jaxswe rl iteration {step}"
+        version = step - 1 if rl.max_staleness else None
+        out.update(check_sampling(rl, steps + extra, dists + extra_dists, where, version))
+    if seqs:
+        out.update(update(trainer, steps, dists), sequences_truncated=truncated)
+    return out

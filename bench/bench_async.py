@@ -1,22 +1,25 @@
 """Async RL against the synchronous loop, in one run: stragglers, throughput, and learning.
 
     python bench/bench_async.py throughput [--iterations 8] [--step-s 1.0]
-    python bench/bench_async.py learning [--seeds 0 1 2] [--iterations 30] [--set K=V] [--no-overlap]
+    python bench/bench_async.py learning [--seeds 1 2 3] [--iterations 30] [--stale-tokens drop keep]
+        [--set K=V] [--runs-dir DIR]
 
 throughput: configs/toy-rl.yaml with heavy-tailed environment latency (every step of an episode
-sleeps --step-s; 5% of the episodes, drawn per episode, 10x longer), for rl.max_staleness k = 0,
-1, 2 one after another in this process. Reports, over iterations 2.. (the first compiles),
-episodes sampled and trajectories trained per minute of wall time, the trainer's busy fraction
-(time in the DAPO update / iteration time), each k's ratio to k = 0, and the sampled work not
-trained for staleness (groups with no fresh token; kept groups' trajectories with none).
+sleeps --step-s; 5% of the episodes, drawn from the episode's seed, 10x longer), for
+rl.max_staleness k = 0, 1, 2 one after another in this process. Reports, over iterations 2..
+(the first compiles), episodes sampled and trajectories trained per minute of wall time, the
+trainer's busy fraction (time in the DAPO update / iteration time), each k's ratio to k = 0, and
+the sampled work not trained for staleness.
 
-learning: the plain toy config (no latency) for k = 0 and k = 1 per seed; reports the trained
-samples (trajectories_trained, summed) until the pass rate first reaches 0.8, counted up to that
-row and up to the policy version that sampled it (see samples_to), and k = 1's ratio to k = 0
-(goal: <= 1.2). --set adds a config override to every run (e.g. --set optimizer.lr=1e-3).
---no-overlap (a diagnostic) runs k = 1's pump with new groups started only after each weight
-sync, so every token is sampled by the newest version: it measures how far the pump's own
-sampling seeds alone move the result from k = 0's at staleness 0.
+learning: the plain toy config (no latency) per seed, for k = 0 and, for each rl.stale_tokens
+policy named (drop: stale tokens leave the loss; trajectory: a trajectory trains whole or not at
+all; keep: every token trains, importance-weighted), k = 1. Reports the trained samples
+(trajectories_trained, summed) until the pass rate first reaches 0.8 (see samples_to), each
+policy's ratio to k = 0, and at how many seeds each reached 0.8. --set adds a config override to
+every run (e.g. --set optimizer.lr=1e-3). --runs-dir keeps each run in DIR/{policy}_k{k}_s{seed}
+(k = 0 as drop_k0_s{seed}) and reads a finished one instead of running it again, so a long sweep
+can be split over processes, e.g. `jaxswe rl --config configs/toy-rl.yaml --run-dir
+DIR/keep_k1_s3 --set seed=3 --set rl.max_staleness=1 --set rl.stale_tokens=keep`.
 
 Runs on one CPU device (XLA_FLAGS unset); prints one JSON line per run and a summary table.
 """
@@ -24,13 +27,12 @@ Runs on one CPU device (XLA_FLAGS unset); prints one JSON line per run and a sum
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -42,9 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from jaxswe.config import load_config  # noqa: E402
 from jaxswe.run.metrics import read_rows  # noqa: E402
-from jaxswe.stages import rl_async  # noqa: E402
 from jaxswe.stages.context import open_stage  # noqa: E402
-from jaxswe.stages.rollouts import EmbeddedBackend  # noqa: E402
 from jaxswe.stages.stages import run_rl_stage  # noqa: E402
 
 CONFIG = ROOT / "configs" / "toy-rl.yaml"
@@ -66,48 +66,13 @@ class StragglerEnv:
 
 
 def straggler_factory(make_env, step_s: float, slow_p: float, seed: int):
-    rng, lock = random.Random(seed), threading.Lock()
+    """`make_env` whose episodes are slow with probability `slow_p`, drawn from the episode's seed."""
 
-    def make(task_id: str):
-        with lock:
-            slow = rng.random() < slow_p
-        return StragglerEnv(make_env(task_id), step_s, slow)
+    def make(task_id: str, episode_seed: int | None = None):
+        slow = random.Random(f"{seed}/{task_id}/{episode_seed}").random() < slow_p
+        return StragglerEnv(make_env(task_id, episode_seed), step_s, slow)
 
     return make
-
-
-@contextlib.contextmanager
-def pump_without_overlap():
-    """While active, the async loop's pump starts groups only after a weight sync (the embedded
-    engine's), not while the trainer works: k = 1's bookkeeping at staleness 0."""
-    live = []
-
-    class NoOverlapPump(rl_async.RolloutPump):
-        def __init__(self, ctx, order):
-            self.at_sync = True  # the first groups start at once, as in every pump
-            super().__init__(ctx, order)
-            self.at_sync = False
-            live.append(self)
-
-        def _fill(self) -> None:
-            if self.at_sync:
-                super()._fill()
-
-    synced = EmbeddedBackend.sync_weights
-
-    async def sync_then_fill(self, params, export_dir, *, version):
-        await synced(self, params, export_dir, version=version)
-        for pump in live:
-            pump.at_sync = True
-            pump._fill()
-            pump.at_sync = False
-
-    saved = rl_async.RolloutPump
-    rl_async.RolloutPump, EmbeddedBackend.sync_weights = NoOverlapPump, sync_then_fill
-    try:
-        yield
-    finally:
-        rl_async.RolloutPump, EmbeddedBackend.sync_weights = saved, synced
 
 
 def run(run_dir: Path, sets: list[str], *, step_s: float = 0.0) -> list[dict]:
@@ -164,40 +129,57 @@ def samples_to(rows: list[dict], target: float) -> tuple[int | None, int | None]
     return None, None
 
 
+def finished_or_run(run_dir: Path, sets: list[str], iterations: int) -> list[dict]:
+    """The rows of the run in `run_dir`: read when it finished, run (afresh) otherwise."""
+    path = run_dir / "metrics.jsonl"
+    rows = read_rows(path) if path.exists() else []
+    if len(rows) == iterations:
+        return rows
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return run(run_dir, sets)
+
+
 def learning(args) -> None:
-    table = []
+    runs = [("drop", 0)] + [(policy, 1) for policy in args.stale_tokens]
+    table = {}
     with tempfile.TemporaryDirectory() as tmp:
+        base = Path(args.runs_dir or tmp)
         for seed in args.seeds:
-            need = {}
-            for k in (0, 1):
+            for policy, k in runs:
                 sets = [f"seed={seed}", f"rl.iterations={args.iterations}", f"rl.max_staleness={k}"]
-                sets += ["eval.after_stage=false", *args.set]
-                with pump_without_overlap() if k and args.no_overlap else contextlib.nullcontext():
-                    rows = run(Path(tmp) / f"s{seed}k{k}", sets)
-                need[k] = samples_to(rows, 0.8)
+                sets += [f"rl.stale_tokens={policy}", "eval.after_stage=false", *args.set]
+                rows = finished_or_run(base / f"{policy}_k{k}_s{seed}", sets, args.iterations)
+                table[seed, policy, k] = need = samples_to(rows, 0.8)
                 rates = [round(r["pass_rate"], 2) for r in rows]
-                print(
-                    json.dumps({"seed": seed, "k": k, "samples_to_0.8": need[k], "pass_rates": rates}),
-                    flush=True,
-                )
-            table.append((seed, need[0], need[1]))
-    print_learning(table)
+                line = {
+                    "seed": seed,
+                    "k": k,
+                    "stale_tokens": policy,
+                    "samples_to_0.8": need,
+                    "pass_rates": rates,
+                }
+                print(json.dumps(line), flush=True)
+    print_learning(table, args.seeds, runs)
 
 
-def print_learning(table: list[tuple[int, tuple, tuple]]) -> None:
-    """The learning table (seed, k = 0's samples_to, k = 1's) and its summary over the seeds."""
-    print("\n| seed | samples to 0.8, k=0 (by row / by version) | k=1 | k=1 / k=0 (by row / by version) |")
-    print("|---|---|---|---|")
+def print_learning(table: dict, seeds: list[int], runs: list[tuple[str, int]]) -> None:
+    """Samples to 0.8 (by row / by version) per seed and run, each k = 1 run's ratio to k = 0 by
+    row, and per run the seeds that reached 0.8 and the median ratio where both did."""
+    names = ["k=0" if k == 0 else f"k=1 {policy}" for policy, k in runs]
+    print("\n| seed | " + " | ".join(names) + " | " + " | ".join(f"{n} / k=0" for n in names[1:]) + " |")
+    print("|---" * (2 * len(runs)) + "|")
     ratio = lambda a, b: f"{b / a:.2f}" if a and b else "n/a"
-    for seed, a, b in table:
-        print(f"| {seed} | {a[0]} / {a[1]} | {b[0]} / {b[1]} | {ratio(a[0], b[0])} / {ratio(a[1], b[1])} |")
-    reached = [sum(row[i][0] is not None for row in table) for i in (1, 2)]
-    print(f"\nreached 0.8 at {reached[0]} of {len(table)} seeds with k=0, at {reached[1]} with k=1")
-    both = [b[0] / a[0] for _, a, b in table if a[0] and b[0]]
-    if both:
-        within = sum(r <= 1.2 for r in both)
-        median = np.median(both)
-        print(f"where both did, k=1 / k=0 (by row): median {median:.2f}, <= 1.2 at {within} of {len(both)}")
+    for seed in seeds:
+        needs = [table[seed, policy, k] for policy, k in runs]
+        cells = [f"{n[0]} / {n[1]}" for n in needs] + [ratio(needs[0][0], n[0]) for n in needs[1:]]
+        print(f"| {seed} | " + " | ".join(cells) + " |")
+    print()
+    for (policy, k), name in zip(runs, names, strict=True):
+        reached = sum(table[s, policy, k][0] is not None for s in seeds)
+        both = [table[s, policy, k][0] / table[s, "drop", 0][0] for s in seeds
+                if table[s, policy, k][0] and table[s, "drop", 0][0]]  # fmt: skip
+        median = f", median {np.median(both):.2f} x k=0's samples where both did" if k and both else ""
+        print(f"{name}: reached 0.8 at {reached} of {len(seeds)} seeds{median}")
 
 
 def main() -> None:
@@ -207,10 +189,11 @@ def main() -> None:
     t.add_argument("--iterations", type=int, default=8)
     t.add_argument("--step-s", type=float, default=1.0)
     lr = sub.add_parser("learning")
-    lr.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    lr.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     lr.add_argument("--iterations", type=int, default=30)
+    lr.add_argument("--stale-tokens", nargs="+", default=["drop", "trajectory", "keep"])
     lr.add_argument("--set", action="append", default=[], help="a config override for every run")
-    lr.add_argument("--no-overlap", action="store_true", help="k = 1 at staleness 0 (a diagnostic)")
+    lr.add_argument("--runs-dir", help="keep runs here and reuse the finished ones")
     args = parser.parse_args()
     throughput(args) if args.what == "throughput" else learning(args)
 

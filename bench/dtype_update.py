@@ -24,7 +24,7 @@ from rl_toy_helpers import toy_tokenizer  # noqa: E402
 from jaxswe.config import config_from_dict  # noqa: E402
 from jaxswe.model import load_hf, token_logprobs  # noqa: E402
 from jaxswe.stages.runtime import resolve_policy  # noqa: E402
-from jaxswe.stages.trainer import Trainer  # noqa: E402
+from jaxswe.train.trainer import Trainer  # noqa: E402
 
 
 def main() -> None:

@@ -28,6 +28,7 @@ import ast
 import random
 import re
 import sys
+import threading
 from dataclasses import dataclass
 
 from envs.parsers import ERROR, FAILED, MISSING, PASSED, SKIPPED, status_of
@@ -63,9 +64,16 @@ class Canary:
         return next((s for k, s in tests.items() if k.split(" ", 1)[0] == self.test_id), MISSING)
 
 
+# Graders run in threads, and ast.parse in two threads at once can fail on CPython 3.11 with
+# "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905; seen on 3.11.7
+# as an episode's infrastructure failure in tests/test_rl_mined.py). One parse at a time.
+_PARSE_LOCK = threading.Lock()
+
+
 def _tree(source: str) -> ast.Module | None:
     try:
-        return ast.parse(source)
+        with _PARSE_LOCK:
+            return ast.parse(source)
     except (SyntaxError, ValueError):  # a test file for another Python: canaries go at the end
         return None
 

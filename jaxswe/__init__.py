@@ -1,3 +1,3 @@
-"""jaxswe: RFT and synchronous DAPO RL for long-context multi-turn SWE agents, in JAX/Flax."""
+"""jaxswe: RFT and DAPO RL for long-context multi-turn SWE agents, in JAX/Flax."""
 
 __version__ = "0.1.0"

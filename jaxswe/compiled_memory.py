@@ -1,11 +1,11 @@
 """What the compiler says a config's training step needs per device, with nothing allocated.
 
 `compile_memory(cfg)` builds the DAPO (rl) or SFT (rft) step and the old-log-prob recompute pass
-exactly as `jaxswe.stages.trainer.Trainer` does (same factories, optimizer, mesh rules, micro-
-batching), lowers them with `jax.ShapeDtypeStruct` inputs at the config's real shapes (the fullest
-step: rows = trajectories_per_step / batch_size) and reads XLA's memory analysis of each
-compiled executable, plus the per-device bytes of every argument from the compiled input
-shardings. `devices` are the mesh's devices: fake CPU devices
+with the Trainer's own `jaxswe.train.trainer.make_steps` (same optimizer, loss settings, mesh
+rules, micro-batching) on the given devices, lowers them with `jax.ShapeDtypeStruct` inputs at
+the config's real shapes (the fullest step: rows = trajectories_per_step / batch_size) and reads
+XLA's memory analysis of each compiled executable, plus the per-device bytes of every argument
+from the compiled input shardings. `devices` are the mesh's devices: fake CPU devices
 (XLA_FLAGS=--xla_force_host_platform_device_count=N) or compile-only CUDA devices of a deviceless
 topology (`cuda_devices`, no GPU needed).
 """
@@ -24,12 +24,11 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxswe.config import RunConfig
-from jaxswe.data.packing import DAPO_FIELDS, SFT_FIELDS
-from jaxswe.optim import make_optimizer, make_schedule
+from jaxswe.losses import LossSettings
 from jaxswe.plan import model_config_of
-from jaxswe.stages.runtime import model_knobs, stage_model
-from jaxswe.train import make_compute_logprobs, make_dapo_step, make_sft_step
+from jaxswe.policy import model_knobs, stage_model
 from jaxswe.train.state import TrainState, abstract_params
+from jaxswe.train.trainer import make_steps
 from sharding import make_rules
 from sharding.mesh import AXES, resolve_axis_sizes
 
@@ -134,46 +133,25 @@ def compile_memory(
     stage = stage or ("rl" if "rl" in cfg.stages else "rft")
     model_cfg = trainer_model(cfg, **model_changes)
     mesh, rules = _mesh(cfg, devices), make_rules(cfg.mesh.rules)
-    opt_cfg = cfg.optimizer
-    optimizer = make_optimizer(opt_cfg)
-    common = dict(
-        num_micro=opt_cfg.micro_batches,
-        micro_rows=opt_cfg.micro_batch_rows,
-        lr_schedule=make_schedule(opt_cfg),
-        context_attention=cfg.mesh.context_attention,
-    )
+    loss = LossSettings.from_rl(cfg.rl)
+    steps = make_steps(model_cfg, cfg.optimizer, mesh, rules, cfg.mesh.context_attention, loss)
     if stage == "rl":
-        rows, seq = cfg.rl.trajectories_per_step, cfg.rl.seq_len
-        step = make_dapo_step(
-            model_cfg, optimizer, mesh, rules, eps_low=cfg.rl.eps_low, eps_high=cfg.rl.eps_high, **common
-        )
-        keys = DAPO_FIELDS
+        rows, seq, step = cfg.rl.trajectories_per_step, cfg.rl.seq_len, steps.dapo
     else:
-        rows, seq = cfg.sft.batch_size, cfg.sft.seq_len
-        step = make_sft_step(model_cfg, optimizer, mesh, rules, **common)
-        keys = SFT_FIELDS
+        rows, seq, step = cfg.sft.batch_size, cfg.sft.seq_len, steps.sft
     params = abstract_params(model_cfg)
     state = TrainState(
         params=params,
-        opt_state=jax.eval_shape(optimizer.init, params),
+        opt_state=jax.eval_shape(steps.optimizer.init, params),
         step=jax.ShapeDtypeStruct((), jnp.int32),
     )
     floats = ("loss_mask", "advantages", "rollout_logprobs", "old_logprobs")
     dtypes = dict.fromkeys(floats, jnp.float32)
-    batch = {k: jax.ShapeDtypeStruct((rows, seq), dtypes.get(k, jnp.int32)) for k in keys}
+    batch = {k: jax.ShapeDtypeStruct((rows, seq), dtypes.get(k, jnp.int32)) for k in step.fields}
     compiled = step.jitted.lower(state, batch).compile()
     out = {"step": _analyse(compiled, {"params": params, "optimizer": state.opt_state, "step": state.step})}
-    recompute = make_compute_logprobs(
-        model_cfg,
-        mesh,
-        rules,
-        opt_cfg.micro_batches,
-        micro_rows=opt_cfg.micro_batch_rows,
-        params_shardings=step.state_shardings.params,
-        context_attention=cfg.mesh.context_attention,
-    )
     lp_batch = {k: batch[k] for k in ("input_ids", "positions", "segment_ids")}
-    out["recompute"] = _analyse(recompute.jitted.lower(params, lp_batch).compile(), {"params": params})
+    out["recompute"] = _analyse(steps.logprobs.jitted.lower(params, lp_batch).compile(), {"params": params})
     return out
 
 

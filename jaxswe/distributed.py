@@ -184,10 +184,3 @@ def to_host(x: jax.Array) -> np.ndarray:
     if x.is_fully_addressable or x.is_fully_replicated:
         return np.asarray(x)
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
-def global_array(value: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
-    """A global array of `value` (the same on every process) laid out by `sharding`; each process
-    places only the shards of its own devices."""
-    value = np.asarray(value)
-    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])

@@ -6,12 +6,42 @@ Every normalizer is guarded so that an all-masked batch gives 0, never NaN.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import chex
 import jax
 import jax.numpy as jnp
 
 # exp() of a log-ratio beyond this would overflow float32 gradients; real ratios never get here.
 _MAX_LOG_RATIO = 60.0
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The DAPO objective's settings, built once from the config's `rl` section (`from_rl`) and
+    read by the train step: `dapo_loss`'s clip range and entropy bonus, `off_policy_weights`'
+    truncation cap (None: off) and trajectory mask."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    entropy_coef: float = 0.0
+    tis_cap: float | None = None
+    sequence_mask: str = "none"
+    mask_threshold: float = 2.0
+
+    @classmethod
+    def from_rl(cls, rl: Any) -> LossSettings:
+        """From a config's `rl` section (truncated importance sampling when `rl.tis_on`)."""
+        return cls(
+            rl.eps_low, rl.eps_high, rl.entropy_coef, rl.tis_cap if rl.tis_on else None,
+            rl.sequence_mask, rl.mask_threshold,
+        )  # fmt: skip
+
+    @property
+    def off_policy(self) -> bool:
+        """Whether tokens are weighted by `off_policy_weights` (which reads the rollout log-probs)."""
+        return self.tis_cap is not None or self.sequence_mask != "none"
 
 
 def _normalizer(mask_bt: jax.Array, num_tokens: jax.Array | float | None) -> jax.Array:

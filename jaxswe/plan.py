@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import typer
-
-from jaxswe.config import RunConfig, load_config
+from jaxswe.config import RunConfig
 from jaxswe.errors import UserError
 from jaxswe.model.config import PRESETS as MODEL_PRESETS
 from jaxswe.model.config import ModelConfigError, Qwen2Config, get_preset
 from jaxswe.model.hf_io import read_hf_config
 from sharding import ShardingError
 from sharding.mesh import resolve_axis_sizes
-from sharding.planner import ModelShape, Plan, PlanInput, plan
+from sharding.planner import Plan, PlanInput, plan
 
 
 class PlanError(UserError):
@@ -40,20 +37,6 @@ def model_config_of(cfg: RunConfig) -> tuple[Qwen2Config, str]:
         raise PlanError(str(err)) from None
 
 
-def model_shape(mc: Qwen2Config) -> ModelShape:
-    """The planner's view of a model config (`sharding` does not import `jaxswe`)."""
-    return ModelShape(
-        vocab=mc.vocab_size,
-        hidden=mc.hidden_size,
-        intermediate=mc.intermediate_size,
-        layers=mc.num_layers,
-        heads=mc.num_heads,
-        kv_heads=mc.num_kv_heads,
-        head_dim=mc.head_dim,
-        tie=mc.tie_word_embeddings,
-    )
-
-
 def plan_input(cfg: RunConfig, stage: str | None = None) -> tuple[PlanInput, str]:
     """The PlanInput of a config's training stage (rl if present, else rft/warmstart; or `stage`)."""
     mc, source = model_config_of(cfg)
@@ -75,7 +58,7 @@ def plan_input(cfg: RunConfig, stage: str | None = None) -> tuple[PlanInput, str
         row_shards = sizes.get("data", 1) * sizes.get("fsdp", 1)
         num_micro = max(rows // (cfg.optimizer.micro_batch_rows * row_shards), 1)
     inp = PlanInput(
-        model=model_shape(mc),
+        model=mc.planner_shape(),
         mesh=sizes,
         seq_len=seq_len,
         rows=rows,
@@ -134,25 +117,4 @@ def render(p: Plan, inp: PlanInput, what: str) -> str:
     return "\n".join(lines)
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("plan")
-    def plan_cmd(
-        config: Path = typer.Option(..., "--config", help="run config YAML"),
-        overrides: list[str] = typer.Option([], "--set", help="section.key=value override (repeatable)"),
-        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-        stage: str | None = typer.Option(None, "--stage", help="rl or rft (default: the config's)"),
-    ) -> None:
-        """Per-GPU memory (params, grads, AdamW state, activations, transients) and FLOPs of a config."""
-        cfg = load_config(config, overrides)
-        p, inp, what = plan_config(cfg, stage)
-        if as_json:
-            out = p.to_json()
-            out["stage"], out["mesh"] = what, dict(inp.mesh)
-            typer.echo(json.dumps(out, sort_keys=True))
-        else:
-            typer.echo(render(p, inp, what))
-        if not p.fits:
-            raise typer.Exit(1)
-
-
-__all__ = ["PlanError", "model_config_of", "plan_config", "plan_input", "register", "render"]
+__all__ = ["PlanError", "model_config_of", "plan_config", "plan_input", "render"]

@@ -45,10 +45,6 @@ def use_rules(mesh: Mesh, rules: Rules) -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
-def active_mesh_and_rules() -> tuple[Mesh, Rules] | None:
-    return _ACTIVE.get()
-
-
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     """Constrain `x`'s sharding by logical names when rules are active; identity otherwise."""
     active = _ACTIVE.get()

@@ -25,14 +25,15 @@ from jaxswe.config import OptimizerSection, RunConfig, SFTSection
 from jaxswe.model.config import get_preset
 from jaxswe.model.hf_io import save_hf
 from jaxswe.model.params import init_params
+from jaxswe.policy import load_tokenizer
 from jaxswe.rollout.types import SamplingParams
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.stages.episodes import Episode, from_trajectory
-from jaxswe.stages.runtime import env_factory, load_tokenizer
+from jaxswe.stages.runtime import env_factory
 from jaxswe.stages.sft import run_sft
-from jaxswe.stages.trainer import Trainer
 from jaxswe.stages.warmstart import ScriptedEngine, corpus_texts, scripted_replies
 from jaxswe.tokenizer import build_tokenizer
+from jaxswe.train.trainer import Trainer
 
 MODEL = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 

@@ -27,7 +27,7 @@ from jaxswe.config import MeshSection  # noqa: E402
 from jaxswe.model import hf_io  # noqa: E402
 from jaxswe.model.config import get_preset  # noqa: E402
 from jaxswe.model.params import init_params  # noqa: E402
-from jaxswe.stages.trainer import params_placement  # noqa: E402
+from jaxswe.train.trainer import params_placement  # noqa: E402
 
 CONFIG = get_preset("tiny", vocab_size=96, tie_word_embeddings=False, attention="dense")
 # the trainer's layout on the global 8-device mesh (fsdp over both processes)

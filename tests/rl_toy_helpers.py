@@ -56,7 +56,7 @@ def toy_policy(
 
     from jaxswe.model.config import get_preset
     from jaxswe.model.params import init_params
-    from jaxswe.stages.runtime import Policy
+    from jaxswe.policy import Policy
 
     tok = toy_tokenizer(num_values, tmp_dir / "tokenizer", single_token_actions=single_token_actions)
     model_cfg = get_preset("tiny", vocab_size=len(tok), attention="dense", **model_changes)
@@ -67,8 +67,8 @@ def toy_context(
     cfg, stage_dir: Path, policy, tokenizer, num_values: int, *, num_tasks: int = 8, seed: int = 0
 ):
     """An opened stage on the toy env (what `open_stage` builds for SWE tasks)."""
+    from jaxswe.policy import write_model_file
     from jaxswe.stages.context import StageContext
-    from jaxswe.stages.runtime import write_model_file
     from jaxswe.stages.stage_io import prepare_stage_dir
 
     prepare_stage_dir(stage_dir, cfg)

@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import re
 
 import pytest
 
@@ -41,9 +42,10 @@ class ScriptRouter:
         return Generation(ids, [-0.5] * len(ids), "stop")
 
 
-def play(tok, tasks, scripts, concurrency=2):
+def play(tok, tasks, scripts, concurrency=2, episodes=None):
+    """The trajectories of `scripts` played on `tasks` (in the SWEEnvs `episodes`, if given)."""
     router = ScriptRouter(tok, {t.problem_statement.strip(): s for t, s in zip(tasks, scripts, strict=True)})
-    episodes = [SWEEnv(t, backend="local", window_lines=20, command_timeout_s=60) for t in tasks]
+    episodes = episodes or [SWEEnv(t, backend="local", window_lines=20, command_timeout_s=60) for t in tasks]
     return asyncio.run(
         run_episodes(
             episodes,
@@ -60,18 +62,33 @@ def play(tok, tasks, scripts, concurrency=2):
 SUBMIT = command_reply("submit", "I am done.")
 
 
+SHADOW_PDB = command_reply(
+    "printf 'import sys\\nprint(\"PASSED everything\")\\nsys.exit(0)\\n' > pdb.py", "And a helper."
+)
+
+
 @pytest.mark.slow  # grades every built-in task (~1-2 s each)
 def test_gold_patch_commands_resolve_every_builtin_task(tok):
+    """Every gold fix, typed as commands, resolves its task through the agent loop; the root pdb.py
+    written beside it (pytest's debugging plugin imports pdb) never reaches the run: reset, named
+    in the grade, and the fix still resolves (the shadow alone resolves nothing:
+    tests/test_grading_forgery.py)."""
     scripts = [
-        [command_reply(c, "Apply the fix.") for c in gold_patch_to_commands(t.patch)] + [SUBMIT]
+        [command_reply(c, "Apply the fix.") for c in gold_patch_to_commands(t.patch)] + [SHADOW_PDB, SUBMIT]
         for t in TASKS
     ]
-    trajs = play(tok, TASKS, scripts)
-    for task, traj in zip(TASKS, trajs, strict=True):
+    episodes = [SWEEnv(t, backend="local", window_lines=20, command_timeout_s=60) for t in TASKS]
+    trajs = play(tok, TASKS, scripts, episodes=episodes)
+    for task, traj, env in zip(TASKS, trajs, episodes, strict=True):
         assert (traj.ended_by, traj.reward, traj.infra_error) == ("submitted", 1.0, None), task.instance_id
-        assert traj.patch == task.patch and traj.metadata["task_id"] == task.instance_id
-        assert not any(traj.format_errors)
+        assert env.grade_result.dropped_paths == ("pdb.py",), (task.instance_id, env.grade_result.reason)
+        assert _files(traj.patch) == _files(task.patch) | {"pdb.py"} and task.patch.strip() in traj.patch
+        assert traj.metadata["task_id"] == task.instance_id and not any(traj.format_errors)
         traj.check()
+
+
+def _files(patch: str) -> set[str]:
+    return set(re.findall(r"^diff --git a/(\S+) ", patch, re.M))
 
 
 @pytest.mark.slow  # grades every built-in task (~1-2 s each)

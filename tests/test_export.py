@@ -15,8 +15,8 @@ from safetensors import safe_open
 
 from jaxswe.cli import main
 from jaxswe.model import get_preset, init_params, token_logprobs
+from jaxswe.policy import Policy, write_model_file
 from jaxswe.run.checkpoint import Checkpoints
-from jaxswe.stages.runtime import Policy, write_model_file
 from jaxswe.stages.toy import toy_tokenizer
 
 
@@ -78,11 +78,11 @@ def test_export_of_a_non_stage_is_one_line_and_writes_nothing(tmp_path, capsys):
 
 
 def test_serve_and_init_from_take_a_stage_dir(stage, tmp_path, capsys):
-    from jaxswe.rollout.cli import _load_model_or_stage
+    from jaxswe.rollout.weights import load_model
 
     stage_dir, cfg, params, _ = stage
     for path in (stage_dir, stage_dir / "checkpoints"):
-        served_cfg, served = _load_model_or_stage(str(path), dtype="float32")
+        served_cfg, served = load_model(path, dtype="float32")
         assert served_cfg.remat == "none" and served_cfg.num_layers == cfg.num_layers
         for a, b in zip(jax.tree.leaves(served), jax.tree.leaves(params), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -123,20 +123,14 @@ def test_forgeries_docker(task, tmp_path):
     _check(task, _grade_all(task, _patches(task, tmp_path), "docker"))
 
 
-def test_root_pdb_py_is_reset_on_every_builtin_task(tmp_path):
-    """A root pdb.py (pytest's debugging plugin imports pdb) never reaches the run: reset and named."""
+def test_a_root_pdb_py_alone_resolves_nothing(tmp_path):
+    """A root pdb.py that prints PASSED and exits 0 (pytest's debugging plugin imports pdb) is reset:
+    alone it resolves nothing (with each gold fix it is reset and the fix resolves:
+    tests/test_agent_swe_env.py)."""
     shadow = "import sys\nprint('PASSED everything')\nsys.exit(0)\n"
-
-    def one(t):
-        return t.instance_id, grade(t, t.patch + _git_diff(t, {"pdb.py": shadow}, tmp_path / t.instance_id))
-
-    with ThreadPoolExecutor(2) as pool:
-        results = dict(pool.map(one, load_builtin()))
-    assert len(results) == 32
-    for iid, result in results.items():
-        assert result.dropped_paths == ("pdb.py",) and result.resolved, (iid, result.reason)
-    for t in load_builtin()[:4]:  # without the fix, the shadow alone resolves nothing
-        assert not grade(t, _git_diff(t, {"pdb.py": shadow}, tmp_path / ("e" + t.instance_id))).resolved
+    for t in load_builtin()[:4]:
+        result = grade(t, _git_diff(t, {"pdb.py": shadow}, tmp_path / t.instance_id))
+        assert not result.resolved and result.dropped_paths == ("pdb.py",), (t.instance_id, result.reason)
 
 
 def test_canaries_are_drawn_like_the_files_tests():

@@ -17,7 +17,7 @@ from rl_toy_helpers import toy_config, toy_context, toy_policy
 from jaxswe.errors import UserError
 from jaxswe.run.metrics import read_rows
 from jaxswe.stages.rft import collect_samples, run_rft
-from jaxswe.stages.trainer import Trainer
+from jaxswe.train.trainer import Trainer
 
 NV = 2
 

@@ -7,16 +7,14 @@ almost never wins (a timeout also costs the turn penalty, -1). Looking and then 
 with 2 values, so the >= 80% this test asks for means the policy reads the observation of an
 earlier turn and copies it.
 
-Measured (lr 3e-3, 8 x 8 episodes an iteration, 30 iterations): with entropy_coef 0.02, seeds 0
-to 4 all pass 0.8 by iteration 13-20 and end near 1.0; with plain DAPO (entropy_coef 0) seeds 1
-and 2 got there too but seed 0 stalled near 0.5. The stall: before the policy reads the
-observation every `submit N` after a look is equally good, softmax policy gradient commits to one
-of them, and a near-deterministic wrong answer gets almost no gradient; the bonus keeps the choice
-open until copying is learned. With 4 values, success stayed between 0.25 and 0.84 over the seeds
-and coefficients tried (0 to 0.1, 40-60 iterations), and ToyEnv's earlier long prompts (53 tokens
-of context at the decision instead of 25) slowed copying further. Through the CLI with
-per-request sampling seeds (runs are now reproducible): seed 1 (the config's) passes 0.81 at
-iteration 13 and stays at 0.86-1.0; seed 2 reaches 0.8 at 13 too; seed 0 stalls near 0.5.
+Measured (lr 3e-3, 8 x 8 episodes an iteration with up to 3 resampling rounds, 30 iterations;
+docs/performance.md): the config's seed 2 passes 0.8 at iteration 20 and stays at 0.94-1.0;
+over seeds 1-12, 10 reach 0.8. Before the bonus, seed 0 stalled near 0.5: before the policy
+reads the observation every `submit N` after a look is equally good, softmax policy gradient
+commits to one of them, and a near-deterministic wrong answer gets almost no gradient; the bonus
+(entropy_coef 0.02) keeps the choice open until copying is learned. With 4 values, success
+stayed between 0.25 and 0.84 over the seeds and coefficients tried. Runs repeat exactly on one
+machine; another CPU's float rounding can move a seed's curve after a few iterations.
 `JAXSWE_LEARNING_SET` (space-separated key=value overrides, e.g. "seed=1 rl.entropy_coef=0") changes
 the settings for tuning runs by hand."""
 
@@ -47,7 +45,9 @@ def test_toy_rl_config_learns_from_random_init(tmp_path):
     rates = [r["pass_rate"] for r in rows]
     returns = [r["reward_mean"] for r in rows]
     print("pass rates", rates)
-    assert len(rows) == 30 and all(r["infra_failures"] == 0 and r["episodes"] == 64 for r in rows)
+    # 8 groups of 8 a round, up to 3 more rounds for the groups left uninformative
+    assert len(rows) == 30 and all(r["infra_failures"] == 0 and 64 <= r["episodes"] <= 4 * 64 for r in rows)
+    assert all(r["episodes"] % 8 == 0 for r in rows) and any(r["resample_rounds"] for r in rows)
     assert rates[0] <= 0.2 and returns[0] <= -0.8, (rates, returns)
     # 64 episodes at 0.8 sit more than 4 standard errors above the 0.5 of looking, then guessing
     assert max(rates) >= 0.8 and sum(rates[-3:]) / 3 >= 0.8, rates

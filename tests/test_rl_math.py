@@ -26,7 +26,8 @@ def test_group_advantages_drop_and_exclude():
     assert st["adv_max"] == pytest.approx(1, abs=1e-5) and st["adv_min"] == pytest.approx(-1, abs=1e-5)
     # only the groups that train count (dynamic sampling's limit, the staleness bound)
     assert advantage_stats(res, [False, False, True, False])["adv_mean"] == pytest.approx(0, abs=1e-6)
-    assert advantage_stats(res, [False] * 4) == dict.fromkeys(("adv_mean", "adv_std", "adv_min", "adv_max"), 0.0)
+    zeros = dict.fromkeys(("adv_mean", "adv_std", "adv_min", "adv_max"), 0.0)
+    assert advantage_stats(res, [False] * 4) == zeros
 
 
 def test_mismatched_input():

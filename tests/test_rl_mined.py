@@ -31,8 +31,8 @@ from envs.tasks import load_tasks
 from jaxswe.cli import main
 from jaxswe.config import config_from_dict
 from jaxswe.model import token_logprobs
-from jaxswe.model.export import load_stage
 from jaxswe.model.hf_io import load_hf
+from jaxswe.policy import load_policy
 
 REPOS = Path(__file__).resolve().parents[2] / "shared" / "repos"  # ../shared beside the checkout (CI too)
 MINED = (  # (bundle, commit, owner/name, install recipe)
@@ -154,7 +154,7 @@ def _check_run(run_dir: Path, model_dir: Path, tasks, url: str) -> None:
     before, after = (load_hf(d, dtype="float32")[1] for d in (model_dir, run_dir / "weights"))
     pairs = zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True)
     assert any(not np.array_equal(a, b) for a, b in pairs)
-    trained = load_stage(run_dir)[1]
+    trained = load_policy(run_dir).params
     for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(after), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # the server serves the export as weight_version 1 and scores tokens with the trained weights

@@ -16,15 +16,15 @@ import pytest
 from rl_toy_helpers import toy_config, toy_context, toy_policy
 
 from jaxswe.model import save_hf
+from jaxswe.rl.loop import run_rl
 from jaxswe.rollout.bias import BiasAlarm, BiasedSamplingDetected, sampling_bias
 from jaxswe.rollout.engine import EmbeddedEngine
 from jaxswe.rollout.sampler import Sampler
 from jaxswe.rollout.server import RolloutServer
 from jaxswe.rollout.weights import load_model
 from jaxswe.run.metrics import read_rows
-from jaxswe.rl.loop import run_rl
 from jaxswe.stages.runtime import make_backend
-from jaxswe.stages.trainer import Trainer
+from jaxswe.train.trainer import Trainer
 
 NV = 2
 

@@ -17,8 +17,8 @@ from test_serve import PROMPT, _post, _ThreadServer, _tiny_hf
 from envs.base import Step
 from jaxswe import model as M
 from jaxswe.agent.loop import run_episode
+from jaxswe.cli.serve import eos_token_ids
 from jaxswe.errors import UserError
-from jaxswe.rollout.cli import eos_token_ids
 from jaxswe.rollout.client import RequestAborted, RolloutClient
 from jaxswe.rollout.engine import EmbeddedEngine
 from jaxswe.rollout.sampler import Sampler

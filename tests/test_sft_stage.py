@@ -9,7 +9,7 @@ from jaxswe.model.config import get_preset
 from jaxswe.model.params import init_params
 from jaxswe.run.metrics import MetricsLogger, read_rows
 from jaxswe.stages.sft import num_sft_steps, run_sft
-from jaxswe.stages.trainer import Trainer
+from jaxswe.train.trainer import Trainer
 
 
 def _seq(n: int, rng) -> Sequence:

@@ -11,9 +11,9 @@ from jaxswe.config import config_from_dict
 from jaxswe.model.config import get_preset
 from jaxswe.model.hf_io import load_hf, save_hf
 from jaxswe.model.params import init_params
+from jaxswe.policy import Policy, load_policy, write_model_file
 from jaxswe.run.checkpoint import Checkpoints
-from jaxswe.stages.runtime import Policy, policy_from_checkpoint, write_model_file
-from jaxswe.stages.trainer import Trainer, params_placement
+from jaxswe.train.trainer import Trainer, params_placement
 
 CFG = config_from_dict({"model": {"dtype": "float32"}, "optimizer": {"lr": 1e-3}})
 MODEL = get_preset("tiny", tie_word_embeddings=False, attention="dense")
@@ -69,7 +69,7 @@ def test_load_step_restore_export_stay_sharded(tmp_path):
     stage = tmp_path / "stage"
     Checkpoints(stage / "checkpoints").save(1, trainer.state(), {})
     write_model_file(stage, Policy(model_cfg, trainer.params, str(tmp_path)))
-    restored = policy_from_checkpoint(CFG, stage)
+    restored = load_policy(stage, CFG)
     _check_placed(restored.params, "restore")
     _check_live("after restore", before)
 

@@ -7,7 +7,6 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxswe.model import get_preset, init_params
-from jaxswe.plan import model_shape
 from jaxswe.train import init_train_state, train_state_shardings
 from sharding import ShardingError, make_mesh, make_rules
 from sharding.mesh import resolve_axis_sizes, split_across_hosts
@@ -86,7 +85,7 @@ def test_planner_param_and_optimizer_bytes_equal_actual_shards(axes):
             if s.device == device and x.ndim
         )
 
-    shape = model_shape(cfg)
+    shape = cfg.planner_shape()
     p = plan(PlanInput(shape, dict(mesh.shape), seq_len=64, rows=8, param_dtype="float32"))
     for device in jax.devices():
         assert bytes_on(device, state.params) == p.per_device_bytes["params"]

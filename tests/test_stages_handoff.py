@@ -9,13 +9,13 @@ import numpy as np
 from rl_toy_helpers import toy_config, toy_context, toy_policy
 
 from jaxswe.model import token_logprobs
+from jaxswe.policy import load_policy
+from jaxswe.rl.problems import filter_by_history
 from jaxswe.run.metrics import read_rows
 from jaxswe.stages.episodes import load_episodes
 from jaxswe.stages.rft import run_rft
-from jaxswe.stages.runtime import policy_from_checkpoint
 from jaxswe.stages.stage_io import load_history
 from jaxswe.stages.stages import run_rl_stage
-from jaxswe.rl.problems import filter_by_history
 
 NV = 2
 
@@ -40,7 +40,7 @@ def test_rft_rl_stage2_handoff(tmp_path):
     assert rft_summary["trajectories_kept"] == sum(e.resolved for e in samples)
 
     # RL stage 1 starts from the RFT checkpoint.
-    p1 = policy_from_checkpoint(cfg, tmp_path / "rft")
+    p1 = load_policy(tmp_path / "rft", cfg)
     assert _same(p1.params, rft_params)
     s1 = run_rl_stage(
         toy_context(cfg, tmp_path / "rl1", p1, tok, NV, seed=1), history_from=None, resume=False
@@ -55,7 +55,7 @@ def test_rft_rl_stage2_handoff(tmp_path):
     cfg2 = toy_config(
         model=fp32, rl={"iterations": 1, "task_filter": "solved_fraction", "drop_never_solved": False}
     )
-    p2 = policy_from_checkpoint(cfg2, tmp_path / "rl1")
+    p2 = load_policy(tmp_path / "rl1", cfg2)
     # stage 1 sampled with the RFT weights it was handed (they reproduce its rollout log-probs)
     # and handed on the weights it trained to (64 episodes of a 2-value guessing game: groups train)
     row1 = read_rows(tmp_path / "rl1" / "metrics.jsonl")[-1]

@@ -10,7 +10,7 @@ from jaxswe.config import OptimizerSection
 from jaxswe.data.packing import Sequence, TokenBatch, pack_sequences, pad_rows
 from jaxswe.model.config import get_preset
 from jaxswe.model.params import init_params
-from jaxswe.stages.trainer import Trainer
+from jaxswe.train.trainer import Trainer
 
 SEQ_LEN = 256
 CONFIG = get_preset("tiny", attention="dense")

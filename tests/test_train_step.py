@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxswe.losses import dapo_loss, sft_loss
+from jaxswe.losses import LossSettings, dapo_loss, sft_loss
 from jaxswe.model import get_preset, init_params, load_hf, save_hf, token_logprobs
 from jaxswe.train import (
     TrainStepError,
@@ -95,8 +95,7 @@ def test_sharded_logprobs_and_dapo_step_equal_unsharded(model, axes):
         mesh,
         rules,
         num_micro=2,
-        eps_low=0.2,
-        eps_high=0.28,
+        loss=LossSettings(eps_low=0.2, eps_high=0.28),
         lr_schedule=optax.constant_schedule(1e-3),
     )
     _, sharded = load_hf(path, mesh=mesh, shardings=step.state_shardings.params)
@@ -173,7 +172,7 @@ def test_entropy_bonus_step_equals_reference_and_raises_entropy(model):
         return float(jnp.sum(mask * ent) / jnp.sum(mask))
 
     mesh = make_mesh({"fsdp": 1}, jax.devices()[:1])
-    step = make_dapo_step(cfg, opt, mesh, make_rules(), entropy_coef=coef)
+    step = make_dapo_step(cfg, opt, mesh, make_rules(), loss=LossSettings(entropy_coef=coef))
     state, metrics = step(init_train_state(params, opt, step.state_shardings), batch)
     loss, grads = jax.value_and_grad(loss_fn)(params)
     np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5)

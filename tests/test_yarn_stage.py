@@ -15,10 +15,11 @@ from rl_toy_helpers import toy_tokenizer
 
 from jaxswe.config import config_from_dict
 from jaxswe.model import save_hf
+from jaxswe.policy import write_model_file
 from jaxswe.rollout.sglang_launcher import stage_sglang_command
 from jaxswe.run.checkpoint import Checkpoints
-from jaxswe.stages.runtime import make_backend, resolve_policy, write_model_file
-from jaxswe.stages.trainer import Trainer
+from jaxswe.stages.runtime import make_backend, resolve_policy
+from jaxswe.train.trainer import Trainer
 
 ORIGINAL, CONTEXT, VOCAB = 32, 128, 97
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL}

@@ -99,23 +99,6 @@ def _model_config(dry: bool):
     return get_preset("qwen2.5-1.5b", dtype="bfloat16", param_dtype="float32", remat="full")
 
 
-def _model_shape(cfg):
-    # jaxswe.plan.model_shape holds this mapping, but jaxswe.plan imports pydantic and typer,
-    # which GPU images lack; keep the two in step.
-    from sharding.planner import ModelShape
-
-    return ModelShape(
-        vocab=cfg.vocab_size,
-        hidden=cfg.hidden_size,
-        intermediate=cfg.intermediate_size,
-        layers=cfg.num_layers,
-        heads=cfg.num_heads,
-        kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim,
-        tie=cfg.tie_word_embeddings,
-    )
-
-
 # ---------------------------------------------------------------- sections
 
 
@@ -316,7 +299,7 @@ def _train_section(rows: Rows, dry: bool, peaks: dict, seq_len: int) -> None:
     sec = statistics.median(times)
     p = plan(
         PlanInput(
-            model=_model_shape(cfg),
+            model=cfg.planner_shape(),
             mesh={"fsdp": n_dev},
             seq_len=seq_len,
             rows=rows_per_step,

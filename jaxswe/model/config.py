@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxswe.errors import UserError
+from sharding.planner import ModelShape
 
 ATTENTION_KINDS = ("auto", "blockwise", "pallas", "dense", "cudnn")  # see jaxswe.model.attention
 REMAT_POLICIES = ("none", "full", "save_projections")
@@ -143,6 +144,19 @@ class Qwen2Config:
     def num_groups(self) -> int:
         """Query heads per key/value head (GQA ratio)."""
         return self.num_heads // self.num_kv_heads
+
+    def planner_shape(self) -> ModelShape:
+        """The memory planner's view of this model (`sharding` does not import `jaxswe`)."""
+        return ModelShape(
+            vocab=self.vocab_size,
+            hidden=self.hidden_size,
+            intermediate=self.intermediate_size,
+            layers=self.num_layers,
+            heads=self.num_heads,
+            kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            tie=self.tie_word_embeddings,
+        )
 
     def replace(self, **changes: Any) -> Qwen2Config:
         return dataclasses.replace(self, **changes)

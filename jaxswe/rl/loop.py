@@ -24,6 +24,8 @@ from tqdm import tqdm
 from jaxswe.config import RunConfig
 from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
+from jaxswe.losses import LossSettings
+from jaxswe.policy import Policy
 from jaxswe.rl.problems import DataOrder, History, record_outcomes
 from jaxswe.rl.pump import Collected, RolloutPump
 from jaxswe.rl.rewards import advantage_stats
@@ -34,27 +36,14 @@ from jaxswe.run.plots import plot_metrics
 from jaxswe.stages.context import StageContext
 from jaxswe.stages.episodes import Episode, save_episodes
 from jaxswe.stages.rollouts import run_phase
-from jaxswe.stages.runtime import Policy
 from jaxswe.stages.stage_io import write_json
-from jaxswe.stages.trainer import Trainer
+from jaxswe.train.trainer import Trainer
 
 
 def rl_trainer(cfg: RunConfig, policy: Policy) -> Trainer:
-    """The Trainer of an RL stage from its starting policy: DAPO's clip range, entropy bonus and
-    off-policy correction."""
-    rl = cfg.rl
-    return Trainer(
-        policy.model_cfg,
-        policy.params,
-        cfg.optimizer,
-        eps_low=rl.eps_low,
-        eps_high=rl.eps_high,
-        entropy_coef=rl.entropy_coef,
-        tis_cap=rl.tis_cap if rl.tis_on else None,
-        sequence_mask=rl.sequence_mask,
-        mask_threshold=rl.mask_threshold,
-        mesh_cfg=cfg.mesh,
-    )
+    """The Trainer of an RL stage from its starting policy, with the config's loss settings."""
+    loss = LossSettings.from_rl(cfg.rl)
+    return Trainer(policy.model_cfg, policy.params, cfg.optimizer, loss=loss, mesh_cfg=cfg.mesh)
 
 
 def _episode_stats(episodes: list[Episode]) -> dict[str, float]:
@@ -71,7 +60,12 @@ def _episode_stats(episodes: list[Episode]) -> dict[str, float]:
 
 
 async def rl_iteration(
-    ctx: StageContext, pump: RolloutPump, ckpts: Checkpoints, metrics: MetricsLogger, history: History, step: int
+    ctx: StageContext,
+    pump: RolloutPump,
+    ckpts: Checkpoints,
+    metrics: MetricsLogger,
+    history: History,
+    step: int,
 ) -> tuple[dict[str, Any], History]:
     """RL iteration `step` (1-based): returns its metrics row and the new success history."""
     t_iter = time.perf_counter()

@@ -82,7 +82,8 @@ def draw(cfg: RunConfig, task_ids: list[str], count: int, order: DataOrder):
     """(the next `count` problems, each one's G episode seeds, the advanced order)."""
     problems, after = next_problems(task_ids, count, order, cfg.seed)
     at = (order.epoch, order.cursor)
-    seeds = [[derive_seed(cfg.seed, "rl", at, j, s) for s in range(cfg.rl.group_size)] for j in range(len(problems))]
+    group = range(cfg.rl.group_size)
+    seeds = [[derive_seed(cfg.seed, "rl", at, j, s) for s in group] for j in range(len(problems))]
     return problems, seeds, after
 
 
@@ -111,29 +112,53 @@ def check_versioned(group: list[Episode]) -> None:
         )
 
 
-def trainable(group: list[Episode], min_version: int) -> bool:
-    """Whether `group` has a sampled token from `min_version` or later (one that may train)."""
-    return bool((sampled_versions(group) >= min_version).any())
+def trains(versions: np.ndarray, min_version: int, stale_tokens: str) -> np.ndarray:
+    """Which of one trajectory's sampled tokens (their policy `versions`) train when `min_version`
+    is the oldest fresh version, by rl.stale_tokens: "drop" the fresh ones; "trajectory" all of
+    them when all are fresh, else none; "keep" all (the loss's importance weights correct them)."""
+    fresh = versions >= min_version
+    if stale_tokens == "drop":
+        return fresh
+    if stale_tokens == "trajectory":
+        return np.full_like(fresh, fresh.all())
+    return np.ones_like(fresh)
 
 
-def staleness_stats(groups: list[list[Episode]], kept: list[bool], version: int, k: int) -> dict[str, Any]:
-    """Staleness of the kept groups' sampled tokens behind the trainer's `version`: of those within
-    k (mean, max, fraction at each lag 0..k), the fraction more than k behind
-    (`staleness_masked_frac`), and the kept groups' scored trajectories with no token within k
-    (`trajectories_stale`: typically the quick episodes of a group that waited for a straggler)."""
-    chosen = [g for g, keep in zip(groups, kept, strict=True) if keep]
-    lags = version - np.concatenate([sampled_versions(g) for g in chosen] or [np.zeros(0, np.int64)])
-    fresh = lags[lags <= k]
+def _trained(group: list[Episode], min_version: int, stale_tokens: str):
+    """(sampled versions, which train) of each scored episode of `group`."""
+    for e in group:
+        if e.infra_error is None:
+            versions = sampled_versions([e])
+            yield versions, trains(versions, min_version, stale_tokens)
+
+
+def trainable(group: list[Episode], min_version: int, stale_tokens: str = "drop") -> bool:
+    """Whether any sampled token of `group` trains (see `trains`)."""
+    return any(t.any() for _, t in _trained(group, min_version, stale_tokens))
+
+
+def staleness_stats(
+    groups: list[list[Episode]], kept: list[bool], version: int, k: int, stale_tokens: str = "drop"
+) -> dict[str, Any]:
+    """Staleness of the kept groups' sampled tokens behind the trainer's `version`: of those that
+    train (`trains`), the mean and max lag and the fraction at each lag 0..k; the fraction that
+    does not train (`staleness_masked_frac`), and the kept groups' scored trajectories of which
+    nothing trains (`trajectories_stale`: typically the quick episodes of a group that waited for
+    a straggler)."""
+    trained_lags, untrained, total, stale = [np.zeros(0, np.int64)], 0, 0, 0
+    for g in (g for g, keep in zip(groups, kept, strict=True) if keep):
+        for versions, t in _trained(g, version - k, stale_tokens):
+            trained_lags.append(version - versions[t])
+            untrained, total, stale = untrained + int((~t).sum()), total + t.size, stale + (not t.any())
+    lags = np.concatenate(trained_lags)
     out: dict[str, Any] = {
-        "staleness_mean": float(fresh.mean()) if fresh.size else 0.0,
-        "staleness_max": int(fresh.max()) if fresh.size else 0,
-        "staleness_masked_frac": float((lags > k).mean()) if lags.size else 0.0,
-        "trajectories_stale": sum(
-            1 for g in chosen for e in g if e.infra_error is None and not trainable([e], version - k)
-        ),
+        "staleness_mean": float(lags.mean()) if lags.size else 0.0,
+        "staleness_max": int(lags.max()) if lags.size else 0,
+        "staleness_masked_frac": untrained / total if total else 0.0,
+        "trajectories_stale": stale,
     }
     for lag in range(k + 1):
-        out[f"staleness_frac_{lag}"] = float((fresh == lag).mean()) if fresh.size else 0.0
+        out[f"staleness_frac_{lag}"] = float((lags == lag).mean()) if lags.size else 0.0
     return out
 
 
@@ -226,7 +251,7 @@ class RolloutPump:
                 drawn.append(index)
                 groups.append(group)
                 rewards.append(group_rewards(group, cfg))
-                fresh.append(k == 0 or trainable(group, version - k))
+                fresh.append(k == 0 or trainable(group, version - k, rl.stale_tokens))
                 if k or not self.outstanding:
                     break
             kept = [a and b for a, b in zip(judge(groups, rewards).kept, fresh, strict=True)]
@@ -244,7 +269,8 @@ class RolloutPump:
         resampled = rounds - 1 if k == 0 else max(0, -(-len(groups) // want) - 1)
         if k == 0:
             return Collected(groups, rewards, result, kept, resampled, timings), self.order
-        extra = {"groups_stale": len(fresh) - sum(fresh), **staleness_stats(groups, kept, version, k)}
+        stats = staleness_stats(groups, kept, version, k, rl.stale_tokens)
+        extra = {"groups_stale": len(fresh) - sum(fresh), **stats}
         return Collected(groups, rewards, result, kept, resampled, timings, extra, version - k), self.order
 
     async def stop(self) -> None:

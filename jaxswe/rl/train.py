@@ -17,26 +17,21 @@ import numpy as np
 
 from jaxswe.config import RLSection
 from jaxswe.data.packing import Sequence, TokenBatch, pack_sequences, pad_rows, split_rows
-from jaxswe.rl.pump import Collected
+from jaxswe.rl.pump import Collected, trains
 from jaxswe.rollout.bias import BiasAlarm, sampling_bias
 from jaxswe.rollout.client import logprob_gap
 from jaxswe.stages.context import StageContext
-from jaxswe.stages.trainer import Trainer
+from jaxswe.train.trainer import Trainer
 
 
 def within_staleness(seq: Sequence, min_version: int, stale_tokens: str) -> Sequence | None:
-    """`seq` as it trains when `min_version` is the oldest fresh policy version (rl.stale_tokens):
-    "drop" leaves its older tokens out of the loss, "trajectory" trains it whole only when its
-    oldest sampled token is fresh, "keep" trains every token (the loss's importance weights
-    correct them). None when nothing of it trains."""
+    """`seq` with only the tokens that train (jaxswe.rl.pump.trains) in its loss mask when
+    `min_version` is the oldest fresh policy version; None when none does."""
     sampled = seq.loss_mask > 0
-    stale = sampled & (seq.policy_versions < min_version)
-    if stale_tokens == "drop":
-        seq = replace(seq, loss_mask=seq.loss_mask * ~stale)
-        return seq if seq.loss_mask.any() else None
-    if stale_tokens == "trajectory":
-        return None if stale.any() else seq
-    return seq
+    train = np.zeros_like(sampled)
+    train[sampled] = trains(np.asarray(seq.policy_versions)[sampled], min_version, stale_tokens)
+    seq = replace(seq, loss_mask=seq.loss_mask * train)
+    return seq if seq.loss_mask.any() else None
 
 
 def training_sequences(c: Collected, stale_tokens: str = "drop") -> tuple[list[Sequence], list[Sequence]]:

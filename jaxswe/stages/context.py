@@ -12,23 +12,15 @@ from typing import Any
 from jaxswe.config import RunConfig
 from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
+from jaxswe.policy import Policy, load_tokenizer, write_model_file
 from jaxswe.rollout.types import SamplingParams
 from jaxswe.run.plots import plot_metrics
 from jaxswe.stages.evaluate import run_eval_stage
 from jaxswe.stages.rollouts import Backend, EnvFactory, run_phase
-from jaxswe.stages.runtime import (
-    Policy,
-    check_servers,
-    env_factory,
-    load_pool,
-    load_tokenizer,
-    make_backend,
-    resolve_policy,
-    write_model_file,
-)
+from jaxswe.stages.runtime import check_servers, env_factory, load_pool, make_backend, resolve_policy
 from jaxswe.stages.stage_io import prepare_stage_dir, write_json
 from jaxswe.stages.toy import is_toy, toy_policy, toy_tasks
-from jaxswe.stages.trainer import Trainer
+from jaxswe.train.trainer import Trainer
 
 
 @dataclass

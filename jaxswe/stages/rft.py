@@ -23,15 +23,15 @@ from typing import Any
 from jaxswe.config import RunConfig
 from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
+from jaxswe.policy import Policy
 from jaxswe.rollout.types import derive_seed
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.stages.context import StageContext, ensure_backend
 from jaxswe.stages.episodes import Episode
 from jaxswe.stages.rollouts import collect_episodes, run_phase
-from jaxswe.stages.runtime import Policy
 from jaxswe.stages.sft import num_sft_steps, run_sft
-from jaxswe.stages.trainer import Trainer
+from jaxswe.train.trainer import Trainer
 
 
 def rft_trainer(cfg: RunConfig, policy: Policy, num_steps: int | None = None) -> Trainer:

@@ -184,7 +184,10 @@ async def collect_episodes(
         seeds = episode_seeds(task_ids, sampling.sampling_seed)
     if len(seeds) != len(task_ids):
         raise ValueError(f"{len(seeds)} seeds for {len(task_ids)} episodes")
-    run = lambda: _collect(task_ids, seeds, make_env, engine, tokenizer, sampling, agent, concurrency, on_done)
+
+    def run():
+        return _collect(task_ids, seeds, make_env, engine, tokenizer, sampling, agent, concurrency, on_done)
+
     return await (on_main_async(run) if every_process else run())
 
 

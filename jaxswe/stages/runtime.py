@@ -5,100 +5,15 @@ work starts, and fails with one UserError naming what is wrong."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import jax
 
 from jaxswe.config import RunConfig
 from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
-from jaxswe.run.checkpoint import Checkpoints, find_checkpoint_dir
+from jaxswe.policy import Policy, init_sharded, load_policy, load_tokenizer, model_knobs, stage_model
 from jaxswe.stages.rollouts import Backend, EmbeddedBackend, EnvFactory, HttpBackend
-from jaxswe.stages.stage_io import read_json, write_json
-
-MODEL_FILE = "model.json"  # in every stage dir: the model's HF config and its tokenizer dir
-
-
-@dataclass
-class Policy:
-    """A model as stages hand it on: its config (at the stage's context and RoPE), weights and
-    tokenizer dir; what a stage starts from and what a stage checkpoint restores to."""
-
-    model_cfg: Any
-    params: Any
-    tokenizer_dir: str
-
-
-def model_knobs(cfg: RunConfig) -> dict[str, Any]:
-    """Runtime fields of Qwen2Config that come from the config's model section."""
-    m = cfg.model
-    return {
-        "dtype": m.dtype,
-        "param_dtype": m.param_dtype,
-        "remat": m.remat,
-        "attention": m.attention,
-        "attention_block": m.attention_block,
-        "logprob_chunk": m.logprob_chunk,
-    }
-
-
-def stage_model(model_cfg: Any, cfg: RunConfig) -> Any:
-    """The starting model at this stage's context (`model.max_context`) and RoPE scaling
-    (`model.rope_scaling`; unset keeps the checkpoint's): what the trainer, the embedded engine,
-    the exported config.json and the SGLang launcher all use. Stage 2 turns YaRN on here."""
-    return model_cfg.with_context(cfg.model.max_context, cfg.model.rope_scaling)
-
-
-def write_model_file(stage_dir: Path, policy: Policy) -> None:
-    write_json(  # process 0 only, like every stage file
-        stage_dir / MODEL_FILE,
-        {"hf_config": policy.model_cfg.to_hf_dict(), "tokenizer": str(Path(policy.tokenizer_dir).absolute())},
-    )
-
-
-def load_tokenizer(path: str | Path) -> Any:
-    from transformers import AutoTokenizer
-
-    path = Path(path)
-    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
-        raise UserError(f"{path}: no tokenizer found (tokenizer.json); set model.tokenizer")
-    return AutoTokenizer.from_pretrained(str(path))
-
-
-def policy_from_checkpoint(cfg: RunConfig, source: str | Path) -> Policy:
-    """Params of the newest readable checkpoint of a stage dir (or its checkpoints/)."""
-    from jaxswe.model.config import Qwen2Config
-    from jaxswe.stages.trainer import params_placement
-    from jaxswe.train.state import abstract_params
-
-    ckpt_dir = find_checkpoint_dir(source)
-    model_file = ckpt_dir.parent / MODEL_FILE
-    if not model_file.is_file():
-        raise UserError(f"{ckpt_dir.parent}: no {MODEL_FILE} next to the checkpoints; not a jaxswe stage dir")
-    meta = read_json(model_file)
-    model_cfg = stage_model(Qwen2Config.from_hf_dict(meta["hf_config"], **model_knobs(cfg)), cfg)
-    placement = params_placement(model_cfg, cfg.mesh)  # each array read straight into its shards
-    abstract = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_params(model_cfg), placement
-    )
-    restored = Checkpoints(ckpt_dir, max_to_keep=None).restore_latest({"params": abstract})
-    if restored is None:
-        raise UserError(f"{ckpt_dir}: no readable checkpoint")
-    _, items, _ = restored
-    return Policy(model_cfg, items["params"], meta["tokenizer"])
-
-
-def init_sharded(model_cfg: Any, seed: int, cfg: RunConfig) -> Any:
-    """A random init of `model_cfg` created directly in the trainer's shardings."""
-    from jaxswe.model.params import init_params
-    from jaxswe.stages.trainer import params_placement
-
-    init = jax.jit(
-        lambda key: init_params(model_cfg, key), out_shardings=params_placement(model_cfg, cfg.mesh)
-    )
-    return init(jax.random.key(seed))
 
 
 def resolve_policy(cfg: RunConfig, init_from: str | None = None) -> Policy:
@@ -106,21 +21,15 @@ def resolve_policy(cfg: RunConfig, init_from: str | None = None) -> Policy:
     or a random init of `model.preset`."""
     init_from = init_from or cfg.init_from
     if init_from:
-        return policy_from_checkpoint(cfg, init_from)
+        return load_policy(init_from, cfg)
     m = cfg.model
     if m.path:
-        from jaxswe.model.hf_io import load_hf
-        from jaxswe.stages.trainer import params_placement
-
         path = Path(m.path)
         if not (path / "config.json").is_file():
             raise UserError(f"model.path {path}: not a Hugging Face model directory (no config.json)")
         tok = m.tokenizer or m.path
         load_tokenizer(tok)
-        model_cfg, params = load_hf(  # dtype: compute; param_dtype: masters; read into their shards
-            path, shardings=lambda c: params_placement(c, cfg.mesh), **model_knobs(cfg)
-        )
-        return Policy(stage_model(model_cfg, cfg), params, tok)
+        return replace(load_policy(path, cfg), tokenizer_dir=tok)
     if m.preset:
         from jaxswe.model.config import get_preset
 

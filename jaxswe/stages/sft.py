@@ -13,7 +13,7 @@ from jaxswe.config import SFTSection
 from jaxswe.data.packing import Sequence, pack_sequences, pad_rows
 from jaxswe.distributed import is_main
 from jaxswe.run.metrics import MetricsLogger
-from jaxswe.stages.trainer import Trainer
+from jaxswe.train.trainer import Trainer
 
 
 def num_sft_steps(num_sequences: int, sft: SFTSection) -> int:

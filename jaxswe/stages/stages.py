@@ -11,14 +11,14 @@ from typing import Any
 from jaxswe.config import RunConfig, dump_config
 from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
+from jaxswe.rl.loop import rl_trainer, run_rl
+from jaxswe.rl.problems import filter_by_history
 from jaxswe.stages.context import StageContext, check_inputs, ensure_backend, finish_stage, open_stage
 from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference
 from jaxswe.stages.evaluate import run_eval_stage
 from jaxswe.stages.rft import run_rft
-from jaxswe.rl.loop import rl_trainer, run_rl
 from jaxswe.stages.runtime import env_factory
 from jaxswe.stages.stage_io import load_history, read_json, write_json
-from jaxswe.rl.problems import filter_by_history
 from jaxswe.stages.warmstart import build_policy, run_warmstart
 
 STAGES = ("warmstart", "rft", "rl", "eval")

@@ -42,7 +42,8 @@ def toy_env_factory(cfg: RunConfig):
 
     def make(task_id: str, seed: int | None = None) -> ToyEnv:
         env_seed = random.Random(f"{cfg.seed}/{task_id}/{seed}").getrandbits(63)
-        return ToyEnv(env_seed, cfg.env.toy_values, max_format_errors=100, require_look=True, show_answer=True)
+        values = cfg.env.toy_values
+        return ToyEnv(env_seed, values, max_format_errors=100, require_look=True, show_answer=True)
 
     return make
 
@@ -88,7 +89,7 @@ def toy_policy(cfg: RunConfig, stage_dir: Path):
     from jaxswe.distributed import barrier, is_main
     from jaxswe.model.config import get_preset
     from jaxswe.model.params import init_params
-    from jaxswe.stages.runtime import Policy, model_knobs
+    from jaxswe.policy import Policy, model_knobs
 
     tokenizer_dir = Path(stage_dir) / "tokenizer"
     tok = toy_tokenizer(cfg.env.toy_values, tokenizer_dir if is_main() else None, single_token_actions=True)

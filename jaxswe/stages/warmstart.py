@@ -16,14 +16,14 @@ from typing import Any
 from jaxswe.config import RunConfig, SFTSection
 from jaxswe.distributed import barrier, is_main, on_main_async
 from jaxswe.errors import UserError
+from jaxswe.policy import Policy, model_knobs, stage_model
 from jaxswe.rollout.types import Generation, SamplingParams
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.stages.context import StageContext, check_inputs
 from jaxswe.stages.episodes import Episode, from_trajectory, save_episodes
-from jaxswe.stages.runtime import Policy, model_knobs, stage_model
 from jaxswe.stages.sft import run_sft
-from jaxswe.stages.trainer import Trainer
+from jaxswe.train.trainer import Trainer
 
 
 def scripted_replies(task: Any) -> list[str]:
@@ -97,7 +97,7 @@ async def scripted_episodes(cfg: RunConfig, tasks: list[Any], make_env: Any, tok
 def build_policy(cfg: RunConfig, stage_dir: Path, tasks: list[Any], make_env: Any) -> Policy:
     """Tokenizer (built here unless model.tokenizer is set) and a random model of model.preset."""
     from jaxswe.model.config import get_preset
-    from jaxswe.stages.runtime import init_sharded, load_tokenizer
+    from jaxswe.policy import init_sharded, load_tokenizer
     from jaxswe.tokenizer import build_tokenizer
 
     if not cfg.model.preset:

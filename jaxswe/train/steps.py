@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxswe.data.packing import DAPO_FIELDS, SFT_FIELDS, TokenBatch
 from jaxswe.errors import UserError
-from jaxswe.losses import dapo_loss, off_policy_weights, sft_loss
+from jaxswe.losses import LossSettings, dapo_loss, off_policy_weights, sft_loss
 from jaxswe.model.attention import mesh_attention
 from jaxswe.model.config import Qwen2Config
 from jaxswe.optim import accumulate_gradients
@@ -195,6 +195,7 @@ def _make_step(setup: _Setup, optimizer, keys, loss_of, lr_schedule) -> Callable
         return jitted(state, batch)
 
     checked.jitted = jitted
+    checked.fields = keys  # the batch fields the step reads
     checked.state_shardings = setup.state_sh
     checked.batch_sharding = setup.batch_sh
     checked.row_shards = setup.row_shards
@@ -233,52 +234,46 @@ def make_dapo_step(
     rules: Rules,
     num_micro: int = 1,
     *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    entropy_coef: float = 0.0,
-    tis_cap: float | None = None,
-    sequence_mask: str = "none",
-    mask_threshold: float = 2.0,
+    loss: LossSettings = LossSettings(),
     lr_schedule: optax.Schedule | None = None,
     context_attention: str = "ring",
     micro_rows: int | None = None,
 ) -> Callable[[TrainState, TokenBatch], tuple[TrainState, dict[str, jax.Array]]]:
     """step(state, batch) -> (state, metrics) of the DAPO clipped objective (per-token advantages),
-    plus `dapo_loss`'s entropy bonus when `entropy_coef` > 0. With `tis_cap` or a `sequence_mask`
+    with `loss`'s settings (its entropy bonus when `entropy_coef` > 0). With `loss.off_policy`
     each token is weighted by `off_policy_weights(old_logprobs, rollout_logprobs, ...)`, computed
-    here in the jitted loss (its metrics join the step's); without either the rollout log-probs
-    are not read."""
+    here in the jitted loss (its metrics join the step's); without it the rollout log-probs are
+    not read."""
     setup = _Setup(model_cfg, optimizer, mesh, rules, num_micro, context_attention, micro_rows)
-    corrected = tis_cap is not None or sequence_mask != "none"
 
     def loss_of(logp, entropy, mb, num_tokens):
         chex.assert_equal_shape([logp, mb.old_logprobs, mb.advantages])
         weights, weight_aux = None, {}
-        if corrected:
+        if loss.off_policy:
             weights, weight_aux = off_policy_weights(
                 mb.old_logprobs,
                 mb.rollout_logprobs,
                 mb.loss_mask,
                 mb.segment_ids,
-                tis_cap=tis_cap,
-                sequence_mask=sequence_mask,
-                mask_threshold=mask_threshold,
+                tis_cap=loss.tis_cap,
+                sequence_mask=loss.sequence_mask,
+                mask_threshold=loss.mask_threshold,
             )
-        loss, aux = dapo_loss(
+        value, aux = dapo_loss(
             logp,
             mb.old_logprobs,
             mb.advantages,
             mb.loss_mask,
-            eps_low=eps_low,
-            eps_high=eps_high,
+            eps_low=loss.eps_low,
+            eps_high=loss.eps_high,
             num_tokens=num_tokens,
             token_weights=weights,
             entropy=entropy,
-            entropy_coef=entropy_coef,
+            entropy_coef=loss.entropy_coef,
         )
-        return loss, {**aux, **weight_aux}
+        return value, {**aux, **weight_aux}
 
-    fields = DAPO_FIELDS if corrected else tuple(f for f in DAPO_FIELDS if f != "rollout_logprobs")
+    fields = DAPO_FIELDS if loss.off_policy else tuple(f for f in DAPO_FIELDS if f != "rollout_logprobs")
     return _make_step(setup, optimizer, fields, loss_of, lr_schedule)
 
 

@@ -1,8 +1,8 @@
-"""The `jaxswe` command line.
+"""The `jaxswe` command line: every command in one module of this package.
 
-Each feature module registers its own subcommands through a `register(app)` function listed in
-`_COMMAND_MODULES`; this file only assembles them, answers `--version`, and turns user and usage
-errors into one line + exit 2.
+Each module registers its subcommands through a `register(app)` function listed in
+`_COMMAND_MODULES` (imported when the app is built); this file assembles them, answers
+`--version`, and turns user and usage errors into one line + exit 2.
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ from jaxswe.errors import UserError
 
 # Modules that define `register(app: typer.Typer) -> None`.
 _COMMAND_MODULES: list[str] = [
-    "jaxswe.rollout.cli",
-    "jaxswe.tasks_cli",
-    "jaxswe.stages.cli",
-    "jaxswe.model.cli",
-    "jaxswe.model.export",
-    "jaxswe.plan",
-    "jaxswe.sandboxes_cli",
+    "jaxswe.cli.serve",
+    "jaxswe.cli.tasks",
+    "jaxswe.cli.stages",
+    "jaxswe.cli.convert",
+    "jaxswe.cli.export",
+    "jaxswe.cli.plan",
+    "jaxswe.cli.sandboxes",
 ]
 
 app = typer.Typer(
     name="jaxswe",
-    help="Train long-context multi-turn SWE agents: RFT, then synchronous DAPO RL (arXiv 2508.03501).",
+    help="Train long-context multi-turn SWE agents: RFT, then DAPO RL (arXiv 2508.03501).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -49,7 +49,7 @@ def _root(
         bool, typer.Option("--version", callback=_print_version, is_eager=True, help="print the version")
     ] = False,
 ) -> None:
-    """Train long-context multi-turn SWE agents: RFT, then synchronous DAPO RL (arXiv 2508.03501)."""
+    """Train long-context multi-turn SWE agents: RFT, then DAPO RL (arXiv 2508.03501)."""
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:

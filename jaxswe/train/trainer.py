@@ -8,15 +8,17 @@ config it runs on one device.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from jaxswe.config import MeshSection, OptimizerSection
 from jaxswe.data.packing import DAPO_FIELDS, SFT_FIELDS, TokenBatch
 from jaxswe.distributed import check_same_on_every_process, to_host
+from jaxswe.losses import LossSettings
 from jaxswe.model.params import param_logical_axes
 from jaxswe.optim import make_optimizer, make_schedule
 from jaxswe.train import (
@@ -46,6 +48,43 @@ def params_placement(model_cfg: Any, mesh_cfg: MeshSection | None) -> Any:
     return param_shardings(mesh, rules, param_logical_axes(model_cfg), abstract_params(model_cfg))
 
 
+class TrainerSteps(NamedTuple):
+    """The optimizer and jitted programs of a Trainer (`make_steps`)."""
+
+    optimizer: optax.GradientTransformation
+    sft: Any
+    dapo: Any
+    logprobs: Any
+
+
+def make_steps(
+    model_cfg: Any, opt_cfg: OptimizerSection, mesh: Any, rules: Any, attention: str, loss: LossSettings
+) -> TrainerSteps:
+    """The SFT and DAPO steps and the old-log-prob recompute pass a Trainer runs on `mesh`, and
+    `jaxswe.compiled_memory` compiles for a config with abstract inputs: one construction for
+    both. The recompute pass splits rows like the train step, so it needs no more activation
+    memory."""
+    optimizer = make_optimizer(opt_cfg)
+    common = dict(
+        num_micro=opt_cfg.micro_batches,
+        micro_rows=opt_cfg.micro_batch_rows,
+        lr_schedule=make_schedule(opt_cfg),
+        context_attention=attention,
+    )
+    sft = make_sft_step(model_cfg, optimizer, mesh, rules, **common)
+    dapo = make_dapo_step(model_cfg, optimizer, mesh, rules, loss=loss, **common)
+    logprobs = make_compute_logprobs(
+        model_cfg,
+        mesh,
+        rules,
+        opt_cfg.micro_batches,
+        micro_rows=opt_cfg.micro_batch_rows,
+        params_shardings=sft.state_shardings.params,
+        context_attention=attention,
+    )
+    return TrainerSteps(optimizer, sft, dapo, logprobs)
+
+
 class Trainer:
     """Params + AdamW state + the sharded SFT/DAPO steps and log-prob recomputation."""
 
@@ -55,50 +94,16 @@ class Trainer:
         params: Any,
         opt_cfg: OptimizerSection,
         *,
-        eps_low: float = 0.2,
-        eps_high: float = 0.28,
-        entropy_coef: float = 0.0,
-        tis_cap: float | None = None,
-        sequence_mask: str = "none",
-        mask_threshold: float = 2.0,
+        loss: LossSettings = LossSettings(),
         mesh_cfg: MeshSection | None = None,
     ):
         self.model_cfg = model_cfg
         self.opt_cfg = opt_cfg
         self.mesh, self.rules, attention = trainer_mesh(mesh_cfg)
-        self.optimizer = make_optimizer(opt_cfg)
-        micro_rows = opt_cfg.micro_batch_rows
-        common = dict(
-            num_micro=opt_cfg.micro_batches,
-            micro_rows=micro_rows,
-            lr_schedule=make_schedule(opt_cfg),
-            context_attention=attention,
-        )
-        self._sft = make_sft_step(model_cfg, self.optimizer, self.mesh, self.rules, **common)
-        self._dapo = make_dapo_step(
-            model_cfg,
-            self.optimizer,
-            self.mesh,
-            self.rules,
-            eps_low=eps_low,
-            eps_high=eps_high,
-            entropy_coef=entropy_coef,
-            tis_cap=tis_cap,
-            sequence_mask=sequence_mask,
-            mask_threshold=mask_threshold,
-            **common,
+        self.optimizer, self._sft, self._dapo, self._lp = make_steps(
+            model_cfg, opt_cfg, self.mesh, self.rules, attention, loss
         )
         self._shardings: TrainState = self._sft.state_shardings
-        # the recompute pass splits rows like the train step, so it needs no more activation memory
-        self._lp = make_compute_logprobs(
-            model_cfg,
-            self.mesh,
-            self.rules,
-            opt_cfg.micro_batches,
-            micro_rows=micro_rows,
-            params_shardings=self._shardings.params,
-            context_attention=attention,
-        )
         # params restored from a checkpoint sit committed on one device: lay them out first; the
         # masters (and so both AdamW moments) are model_cfg.param_dtype whatever the checkpoint's
         params = jax.device_put(params, self._shardings.params)

@@ -68,7 +68,7 @@ def _stage_command(name: str):
     command.__name__ = name
     command.__doc__ = {
         "rft": "Rejection fine-tuning: sample N per task, keep resolved trajectories, SFT.",
-        "rl": "Synchronous DAPO RL (stage 1, or stage 2 with rl.task_filter).",
+        "rl": "DAPO RL (stage 1, or stage 2 with rl.task_filter; rl.max_staleness > 0: asynchronous).",
         "eval": "Pass@1 (95% interval) and Pass@k of a checkpoint or model.",
     }[name]
     return command

@@ -16,19 +16,6 @@ def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
 
 
-def _load_model_or_stage(path: str, *, dtype: str):
-    """A stage dir's newest checkpoint (what `jaxswe export` writes), else `load_model(path)`."""
-    from jaxswe.model.export import is_stage_dir, load_stage
-    from jaxswe.rollout.weights import load_model
-
-    if not is_stage_dir(path):
-        return load_model(path, dtype=dtype)
-    import jax
-
-    cfg, params, _ = load_stage(path)
-    return cfg.replace(dtype=dtype, remat="none"), jax.tree.map(lambda x: x.astype(dtype), params)
-
-
 def serve(
     model: Path = typer.Option(
         ..., "--model", help="Hugging Face model dir, Orbax checkpoint dir, or a stage dir (RUN_DIR/rl)"
@@ -47,12 +34,13 @@ def serve(
     from jaxswe.rollout.engine import EmbeddedEngine
     from jaxswe.rollout.sampler import Sampler
     from jaxswe.rollout.server import serve_forever
+    from jaxswe.rollout.weights import load_model
 
     if dtype not in ("float32", "bfloat16"):
         raise UserError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
     if max_batch < 1:
         raise UserError(f"--max-batch must be >= 1, got {max_batch}")
-    load_fn = functools.partial(_load_model_or_stage, dtype=dtype)
+    load_fn = functools.partial(load_model, dtype=dtype)
     cfg, params = load_fn(str(model))
     eos = eos_token_ids(model)
     sampler = Sampler(cfg, params, max_context=max_context, seed=seed, cache_dtype=dtype, eos_token_ids=eos)

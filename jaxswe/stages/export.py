@@ -1,4 +1,4 @@
-"""`jaxswe export RUN_DIR/STAGE OUT`: a trained stage as a Hugging Face model directory.
+"""A trained stage as a Hugging Face model directory (`jaxswe export RUN_DIR/STAGE OUT`).
 
 The directory holds what transformers and SGLang load: safetensors (bf16 by default), config.json
 (`save_hf`), generation_config.json with the end-of-turn/eos ids, and the stage's tokenizer files.
@@ -14,35 +14,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import typer
-
 from jaxswe.errors import UserError
+from jaxswe.policy import load_policy, load_tokenizer
 
 # Tokenizer and chat-template files copied next to the weights (those present in the tokenizer dir).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")  # fmt: skip
 GENERATION_CONFIG = "generation_config.json"
-
-
-def is_stage_dir(path: str | Path) -> bool:
-    """A jaxswe stage directory (its model.json) or the checkpoints/ directory of one."""
-    from jaxswe.stages.runtime import MODEL_FILE
-
-    path = Path(path)
-    if (path / "config.json").is_file():  # a Hugging Face dir (e.g. RUN_DIR/rl/weights) is not one
-        return False
-    return (path / MODEL_FILE).is_file() or (
-        path.name == "checkpoints" and (path.parent / MODEL_FILE).is_file()
-    )
-
-
-def load_stage(stage: str | Path) -> tuple[Any, Any, str]:
-    """(model config, params, tokenizer dir) of the newest readable checkpoint of a stage dir."""
-    from jaxswe.config import config_from_dict
-    from jaxswe.stages.runtime import policy_from_checkpoint
-
-    policy = policy_from_checkpoint(config_from_dict({}), stage)
-    return policy.model_cfg, policy.params, policy.tokenizer_dir
 
 
 def eos_token_ids(tokenizer: Any) -> list[int]:
@@ -72,16 +50,16 @@ def export_stage(
     import jax.numpy as jnp
 
     from jaxswe.model.hf_io import save_hf
-    from jaxswe.stages.runtime import load_tokenizer
 
     out = Path(out)
     if out.exists():
         raise UserError(f"{out}: already exists; choose a new output directory")
     if dtype not in ("bfloat16", "float32"):
         raise UserError(f"--dtype must be bfloat16 or float32, got {dtype!r}")
-    model_cfg, params, tokenizer_dir = load_stage(stage)
+    policy = load_policy(stage)
+    model_cfg, tokenizer_dir = policy.model_cfg, policy.tokenizer_dir
     tokenizer = load_tokenizer(tokenizer_dir)
-    params = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
+    params = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), policy.params)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -94,19 +72,3 @@ def export_stage(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def export(
-    stage: Path = typer.Argument(..., help="a stage dir (RUN_DIR/rl) or its checkpoints/ dir"),
-    out: Path = typer.Argument(..., help="the Hugging Face directory to write (must not exist)"),
-    dtype: str = typer.Option("bfloat16", "--dtype", help="weights written: bfloat16 or float32"),
-    max_shard_gb: float = typer.Option(5.0, "--max-shard-gb", help="largest safetensors file"),
-) -> None:
-    """Export a trained stage's newest checkpoint as a Hugging Face model (weights, config.json,
-    generation_config.json, tokenizer) for transformers, SGLang or `jaxswe serve`."""
-    export_stage(stage, out, dtype=dtype, max_shard_bytes=int(max_shard_gb * 1024**3))
-    typer.echo(f"wrote {out}")
-
-
-def register(app: typer.Typer) -> None:
-    app.command("export")(export)

@@ -1,0 +1,25 @@
+"""`jaxswe export`: a trained stage's newest checkpoint as a Hugging Face model directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from jaxswe.stages.export import export_stage
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export)
+
+
+def export(
+    stage: Path = typer.Argument(..., help="a stage dir (RUN_DIR/rl) or its checkpoints/ dir"),
+    out: Path = typer.Argument(..., help="the Hugging Face directory to write (must not exist)"),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="weights written: bfloat16 or float32"),
+    max_shard_gb: float = typer.Option(5.0, "--max-shard-gb", help="largest safetensors file"),
+) -> None:
+    """Export a trained stage's newest checkpoint as a Hugging Face model (weights, config.json,
+    generation_config.json, tokenizer) for transformers, SGLang or `jaxswe serve`."""
+    export_stage(stage, out, dtype=dtype, max_shard_bytes=int(max_shard_gb * 1024**3))
+    typer.echo(f"wrote {out}")

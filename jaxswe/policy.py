@@ -1,0 +1,120 @@
+"""A policy (model config, weights, tokenizer dir) and `load_policy`, the one way to read one.
+
+`load_policy(path)` takes whatever holds weights: a jaxswe stage dir (or its checkpoints/ dir)
+restores its newest readable checkpoint; a Hugging Face dir (config.json + safetensors) and an
+Orbax params dir (`jaxswe convert --to orbax`) load as they are. Stages start from it, `jaxswe
+export` and `jaxswe serve` read through it, and the embedded engine's weight updates too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+from jax import ShapeDtypeStruct
+from jax.sharding import SingleDeviceSharding
+
+from jaxswe.config import RunConfig
+from jaxswe.errors import UserError
+from jaxswe.model.config import Qwen2Config
+from jaxswe.model.hf_io import load_hf, read_hf_config
+from jaxswe.model.orbax_io import PARAMS_DIR, load_params_orbax
+from jaxswe.model.params import init_params
+from jaxswe.run.checkpoint import Checkpoints, find_checkpoint_dir
+from jaxswe.stages.stage_io import read_json, write_json
+from jaxswe.train.state import abstract_params
+from jaxswe.train.trainer import params_placement
+
+MODEL_FILE = "model.json"  # in every stage dir: the model's HF config and its tokenizer dir
+
+
+@dataclass
+class Policy:
+    """A model as stages hand it on: its config (at the stage's context and RoPE), weights and
+    tokenizer dir; what a stage starts from and what a stage checkpoint restores to."""
+
+    model_cfg: Any
+    params: Any
+    tokenizer_dir: str
+
+
+def model_knobs(cfg: RunConfig) -> dict[str, Any]:
+    """Runtime fields of Qwen2Config that come from the config's model section."""
+    m = cfg.model
+    return {
+        "dtype": m.dtype,
+        "param_dtype": m.param_dtype,
+        "remat": m.remat,
+        "attention": m.attention,
+        "attention_block": m.attention_block,
+        "logprob_chunk": m.logprob_chunk,
+    }
+
+
+def stage_model(model_cfg: Any, cfg: RunConfig) -> Any:
+    """The starting model at this stage's context (`model.max_context`) and RoPE scaling
+    (`model.rope_scaling`; unset keeps the checkpoint's): what the trainer, the embedded engine,
+    the exported config.json and the SGLang launcher all use. Stage 2 turns YaRN on here."""
+    return model_cfg.with_context(cfg.model.max_context, cfg.model.rope_scaling)
+
+
+def write_model_file(stage_dir: Path, policy: Policy) -> None:
+    write_json(  # process 0 only, like every stage file
+        stage_dir / MODEL_FILE,
+        {"hf_config": policy.model_cfg.to_hf_dict(), "tokenizer": str(Path(policy.tokenizer_dir).absolute())},
+    )
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    from transformers import AutoTokenizer  # transformers is slow to import: only when used
+
+    path = Path(path)
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        raise UserError(f"{path}: no tokenizer found (tokenizer.json); set model.tokenizer")
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def load_policy(path: str | Path, cfg: RunConfig | None = None) -> Policy:
+    """The policy stored at `path` (see the module doc). With `cfg`: each array read straight into
+    its shard of `cfg`'s trainer mesh, with `cfg`'s model knobs (compute dtype, master dtype,
+    remat, attention) at `cfg`'s context and RoPE (`stage_model`). Without: on one device, with
+    Qwen2Config's defaults, at the context the weights were stored with. The tokenizer dir is the
+    stage's, else `path` itself."""
+    path = Path(path)
+    knobs = model_knobs(cfg) if cfg else {}
+
+    def placement(model_cfg: Qwen2Config) -> Any:  # None: the loaders' default, the first device
+        return params_placement(model_cfg, cfg.mesh) if cfg else None
+
+    def policy(model_cfg: Qwen2Config, params: Any, tokenizer_dir: str | Path) -> Policy:
+        return Policy(stage_model(model_cfg, cfg) if cfg else model_cfg, params, str(tokenizer_dir))
+
+    if (path / PARAMS_DIR).is_dir():
+        model_cfg = read_hf_config(path, **knobs)
+        return policy(model_cfg, load_params_orbax(path, model_cfg, placement(model_cfg)), path)
+    if (path / "config.json").is_file():  # dtype: compute; param_dtype: masters
+        return policy(*load_hf(path, shardings=placement, **knobs), path)
+    ckpt_dir = find_checkpoint_dir(path)  # a stage dir or its checkpoints/, else one clear error
+    model_file = ckpt_dir.parent / MODEL_FILE
+    if not model_file.is_file():
+        raise UserError(f"{ckpt_dir.parent}: no {MODEL_FILE} next to the checkpoints; not a jaxswe stage dir")
+    meta = read_json(model_file)
+    model_cfg = Qwen2Config.from_hf_dict(meta["hf_config"], **knobs)
+    shapes = abstract_params(model_cfg)
+    first = SingleDeviceSharding(jax.devices()[0])
+    shardings = placement(model_cfg) or jax.tree.map(lambda _: first, shapes)
+    abstract = jax.tree.map(lambda a, sh: ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), shapes, shardings)
+    restored = Checkpoints(ckpt_dir, max_to_keep=None).restore_latest({"params": abstract})
+    if restored is None:
+        raise UserError(f"{ckpt_dir}: no readable checkpoint")
+    return policy(model_cfg, restored[1]["params"], meta["tokenizer"])
+
+
+def init_sharded(model_cfg: Any, seed: int, cfg: RunConfig) -> Any:
+    """A random init of `model_cfg` created directly in the trainer's shardings."""
+    init = jax.jit(
+        lambda key: init_params(model_cfg, key), out_shardings=params_placement(model_cfg, cfg.mesh)
+    )
+    return init(jax.random.key(seed))

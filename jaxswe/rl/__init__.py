@@ -1,0 +1,7 @@
+"""DAPO RL, the paper's stage 2: one loop (`loop.run_rl`, one iteration in `loop.rl_iteration`).
+
+pump: episodes drawn, sampled, graded and judged into groups (k = rl.max_staleness versions may
+be in flight; k = 0 is the paper's synchronous loop). rewards: outcome + turn penalty, group
+advantages. train: pack -> recompute -> check sampling -> update. problems: the data order and
+stage 2's task filter.
+"""

@@ -76,14 +76,15 @@ def load_tokenizer(path: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def load_policy(path: str | Path, cfg: RunConfig | None = None) -> Policy:
+def load_policy(path: str | Path, cfg: RunConfig | None = None, *, dtype: str = "float32") -> Policy:
     """The policy stored at `path` (see the module doc). With `cfg`: each array read straight into
     its shard of `cfg`'s trainer mesh, with `cfg`'s model knobs (compute dtype, master dtype,
-    remat, attention) at `cfg`'s context and RoPE (`stage_model`). Without: on one device, with
-    Qwen2Config's defaults, at the context the weights were stored with. The tokenizer dir is the
-    stage's, else `path` itself."""
+    remat, attention) at `cfg`'s context and RoPE (`stage_model`). Without: on one device, params
+    and compute in `dtype` (read as such, not cast after), Qwen2Config's other defaults, at the
+    context the weights were stored with (an Orbax params dir keeps its saved dtype). The
+    tokenizer dir is the stage's, else `path` itself."""
     path = Path(path)
-    knobs = model_knobs(cfg) if cfg else {}
+    knobs = model_knobs(cfg) if cfg else {"dtype": dtype, "param_dtype": dtype}
 
     def placement(model_cfg: Qwen2Config) -> Any:  # None: the loaders' default, the first device
         return params_placement(model_cfg, cfg.mesh) if cfg else None

@@ -84,20 +84,25 @@ TOY_PIPELINE = [  # RFT then RL on the toy game: DAPO steps are taken from itera
 ]
 
 
-def _toy_pipeline(run_dir: Path, n: int, cache: Path, *extra: str) -> list[subprocess.Popen]:
-    """`jaxswe pipeline --config configs/toy-rl.yaml` (TOY_PIPELINE) over 8 CPU devices as n
-    processes, each logging the files it writes (mp_audit_child.py) to run_dir/../logs_N/."""
-    args = ["pipeline", "--config", str(TOY_RL), "--run-dir", str(run_dir)]
-    args += [a for s in TOY_PIPELINE for a in ("--set", s)] + list(extra)
+def _audited(args: list[str], run_dir: Path, n: int, cache: Path, tag: str = "") -> list[subprocess.Popen]:
+    """`jaxswe ARGS` over 8 CPU devices as n processes, each logging the files it writes
+    (mp_audit_child.py) to run_dir/../logs_N/written_I.txt and its output to log_I{tag}.txt."""
     if n > 1:
-        args += ["--coordinator", f"localhost:{_port()}", "--num-processes", str(n)]
+        args = [*args, "--coordinator", f"localhost:{_port()}", "--num-processes", str(n)]
     logs = run_dir.parent / f"logs_{n}"
     cmd = [sys.executable, str(HERE / "mp_audit_child.py")]
     return [
         _spawn([*cmd, str(logs / f"written_{i}.txt"), *args, *(["--process-id", str(i)] if n > 1 else [])],
-               8 // n, cache, logs / f"log_{i}{'_resume' if extra else ''}.txt")
+               8 // n, cache, logs / f"log_{i}{tag}.txt")
         for i in range(n)
     ]  # fmt: skip
+
+
+def _toy_pipeline(run_dir: Path, n: int, cache: Path, *extra: str) -> list[subprocess.Popen]:
+    """`jaxswe pipeline --config configs/toy-rl.yaml` (TOY_PIPELINE, then `extra`) as n processes."""
+    args = ["pipeline", "--config", str(TOY_RL), "--run-dir", str(run_dir)]
+    args += [a for s in TOY_PIPELINE for a in ("--set", s)] + list(extra)
+    return _audited(args, run_dir, n, cache, "_resume" if extra else "")
 
 
 @pytest.mark.timeout(1800)
@@ -193,25 +198,6 @@ def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
     np.testing.assert_allclose(ours, ref, atol=1e-4)
 
 
-def _start_toy_rl(
-    run_dir: Path, n: int, cache: Path, sets: list[str], config: Path = TOY_RL
-) -> list[subprocess.Popen]:
-    """`jaxswe rl --config config` (with `sets`) over 8 CPU devices as n
-    processes, each logging the files it writes to run_dir/../logs_N/written_I.txt
-    (mp_audit_child.py)."""
-    logs = run_dir.parent / f"logs_{n}"
-    args = ["rl", "--config", str(config), "--run-dir", str(run_dir)]
-    args += [a for s in sets for a in ("--set", s)]
-    if n > 1:
-        args += ["--coordinator", f"localhost:{_port()}", "--num-processes", str(n)]
-    cmd = [sys.executable, str(HERE / "mp_audit_child.py")]
-    return [
-        _spawn([*cmd, str(logs / f"written_{i}.txt"), *args, *(["--process-id", str(i)] if n > 1 else [])],
-               8 // n, cache, logs / f"log_{i}.txt")
-        for i in range(n)
-    ]  # fmt: skip
-
-
 def _written(log: Path, run_dir: Path) -> list[Path]:
     """The files under run_dir that one process opened for writing (mp_audit_child.py's log)."""
     paths = [Path(line) for line in log.read_text().split()]
@@ -254,7 +240,8 @@ def test_async_rl_over_http_on_two_processes(tmp_path):
     server = _serve(tmp_path / "model", port, tmp_path / "serve.txt")
     run = tmp_path / "run"
     try:
-        outs = _wait(_start_toy_rl(run, 2, tmp_path / "xla", [], config=tmp_path / "rl.yaml"), timeout=800)
+        args = ["rl", "--config", str(tmp_path / "rl.yaml"), "--run-dir", str(run)]
+        outs = _wait(_audited(args, run, 2, tmp_path / "xla"), timeout=800)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_weight_version", timeout=10) as r:
             served = json.loads(r.read())["weight_version"]
     finally:

@@ -24,10 +24,10 @@ def load_model(path: str | Path, *, dtype: str = "float32") -> tuple[Any, Any]:
     if not path.is_dir():
         raise ServeWeightsError(f"{path}: model directory not found")
     try:
-        policy = load_policy(path)
+        policy = load_policy(path, dtype=dtype)
     except UserError as err:
         raise ServeWeightsError(f"{path}: {err}" if str(path) not in str(err) else str(err)) from None
     except Exception as err:  # unreadable files, wrong shapes, missing tensors
         raise ServeWeightsError(f"{path}: cannot load model: {type(err).__name__}: {err}") from None
-    params = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), policy.params)
+    params = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), policy.params)  # Orbax dirs: as saved
     return policy.model_cfg.replace(dtype=dtype, remat="none"), params

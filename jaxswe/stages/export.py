@@ -56,7 +56,7 @@ def export_stage(
         raise UserError(f"{out}: already exists; choose a new output directory")
     if dtype not in ("bfloat16", "float32"):
         raise UserError(f"--dtype must be bfloat16 or float32, got {dtype!r}")
-    policy = load_policy(stage)
+    policy = load_policy(stage, dtype=dtype)  # read as written, not cast after
     model_cfg, tokenizer_dir = policy.model_cfg, policy.tokenizer_dir
     tokenizer = load_tokenizer(tokenizer_dir)
     params = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), policy.params)

@@ -43,9 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from jaxswe.config import load_config  # noqa: E402
+from jaxswe.rl.loop import run_rl  # noqa: E402
 from jaxswe.run.metrics import read_rows  # noqa: E402
 from jaxswe.stages.context import open_stage  # noqa: E402
-from jaxswe.stages.stages import run_rl_stage  # noqa: E402
 
 CONFIG = ROOT / "configs" / "toy-rl.yaml"
 
@@ -80,7 +80,7 @@ def run(run_dir: Path, sets: list[str], *, step_s: float = 0.0) -> list[dict]:
     ctx = open_stage(cfg, run_dir, init_from=None)
     if step_s:
         ctx.make_env = straggler_factory(ctx.make_env, step_s, 0.05, cfg.seed)
-    run_rl_stage(ctx, history_from=None, resume=False)
+    run_rl(ctx, history_from=None, resume=False)
     return read_rows(run_dir / "metrics.jsonl")
 
 

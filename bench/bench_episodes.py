@@ -26,7 +26,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 def summarize(name: str, trajs: list, wall_s: float) -> dict:
     n = len(trajs)
     total = {
-        k: sum(t.metadata.get(k, 0.0) for t in trajs) for k in ("model_s", "env_s", "reward_s", "total_s")
+        k: sum(t.timings.get(k, 0.0) for t in trajs) for k in ("model_s", "env_s", "reward_s", "total_s")
     }
     ended: dict[str, int] = {}
     for t in trajs:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from jaxswe.config import RunConfig
+from jaxswe.data.packing import batch_bytes_per_token, step_fields
 from jaxswe.errors import UserError
+from jaxswe.losses import LossSettings
 from jaxswe.model.config import PRESETS as MODEL_PRESETS
 from jaxswe.model.config import ModelConfigError, Qwen2Config, get_preset
 from jaxswe.model.hf_io import read_hf_config
@@ -69,7 +71,11 @@ def plan_input(cfg: RunConfig, stage: str | None = None) -> tuple[PlanInput, str
         rules=m.rules,
         attention_block=cfg.model.attention_block,
         logprob_chunk=cfg.model.logprob_chunk,
-        batch_keys=6 if stage == "rl" else 4,
+        batch_token_bytes=batch_bytes_per_token(
+            step_fields("dapo", off_policy=LossSettings.from_rl(cfg.rl).off_policy)
+            if stage == "rl"
+            else step_fields("sft")
+        ),
         device_memory_bytes=int(m.gpu_memory_gb * 1e9),
         headroom_fraction=m.memory_headroom,
         peak_flops=m.peak_tflops * 1e12,

@@ -87,7 +87,7 @@ class PlanInput:
     rules: Mapping[str, Any] | None = None
     attention_block: int = 512
     logprob_chunk: int = 1024
-    batch_keys: int = 6  # [B, T] int32/float32 arrays a step takes (DAPO 6, SFT 4)
+    batch_token_bytes: int = 24  # bytes per token position of the batch a step reads (DAPO 24, SFT 16)
     device_memory_bytes: int = 141 * 10**9
     headroom_fraction: float = 0.1
     peak_flops: float = 989e12  # H200 dense bf16
@@ -222,7 +222,7 @@ def plan(inp: PlanInput) -> Plan:
     per_device = {
         "params": shard_elems * pbytes,
         "optimizer": shard_elems * 2 * 4,  # AdamW m and v in float32
-        "batch": inp.batch_keys * rows_dev * inp.num_micro * inp.seq_len // ctx * 4,
+        "batch": inp.batch_token_bytes * rows_dev * inp.num_micro * inp.seq_len // ctx,
         "grads": grad_copies * shard_elems * 4,  # float32
         # XLA forms the embedding lookup's gradient (a scatter-add) and the LM head's gradient as
         # whole float32 [vocab, embed] matrices on every device before reducing them to shards

@@ -21,6 +21,7 @@ import numpy as np
 
 from jaxswe.agent.demos import command_reply
 from jaxswe.agent.loop import run_episode
+from jaxswe.agent.trajectory import Trajectory
 from jaxswe.config import OptimizerSection, RunConfig, SFTSection
 from jaxswe.model.config import get_preset
 from jaxswe.model.hf_io import save_hf
@@ -28,7 +29,6 @@ from jaxswe.model.params import init_params
 from jaxswe.policy import load_tokenizer
 from jaxswe.rollout.types import SamplingParams
 from jaxswe.run.metrics import MetricsLogger
-from jaxswe.stages.episodes import Episode, from_trajectory
 from jaxswe.stages.runtime import env_factory
 from jaxswe.stages.sft import run_sft
 from jaxswe.stages.warmstart import ScriptedEngine, corpus_texts, scripted_replies
@@ -38,11 +38,13 @@ from jaxswe.train.trainer import Trainer
 MODEL = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 
 
-async def _demonstrations(cfg: RunConfig, tasks: list[Any], make_env: Any, tokenizer: Any) -> list[Episode]:
+async def _demonstrations(
+    cfg: RunConfig, tasks: list[Any], make_env: Any, tokenizer: Any
+) -> list[Trajectory]:
     """Per task: the gold-command episode and the submit-at-once episode, through the agent loop."""
     scripts = [(t, scripted_replies(t)) for t in tasks] + [(t, [command_reply("submit")]) for t in tasks]
 
-    async def one(task: Any, replies: list[str]) -> Episode:
+    async def one(task: Any, replies: list[str]) -> Trajectory:
         traj = await run_episode(
             make_env(task.instance_id),
             ScriptedEngine(replies, tokenizer),
@@ -51,7 +53,7 @@ async def _demonstrations(cfg: RunConfig, tasks: list[Any], make_env: Any, token
             max_turns=cfg.agent.max_turns,
             max_context_tokens=cfg.agent.max_context_tokens,
         )
-        return from_trajectory(task.instance_id, traj)
+        return traj
 
     return list(await asyncio.gather(*(one(t, r) for t, r in scripts)))
 

@@ -26,7 +26,6 @@ from jaxswe.rollout.sampler import Sampler  # noqa: E402
 from jaxswe.run import checkpoint as ckpt_mod  # noqa: E402
 from jaxswe.stages.context import StageContext  # noqa: E402
 from jaxswe.stages.rollouts import EmbeddedBackend  # noqa: E402
-from jaxswe.train.trainer import Trainer  # noqa: E402
 
 
 def main() -> None:
@@ -59,7 +58,6 @@ def main() -> None:
         eval_ids=ids,
         make_env=toy_env_factory(0, 2),
         backend=EmbeddedBackend(EmbeddedEngine(sampler, max_batch=64), policy.model_cfg),
-        trainer=Trainer(policy.model_cfg, policy.params, cfg.optimizer),
     )
     run_rl(ctx, resume=resume)
 

@@ -32,6 +32,7 @@ class ScriptRouter:
         self.tok, self.scripts = tok, scripts  # {problem_statement: [reply, ...]}
         self.turn = dict.fromkeys(scripts, 0)
         self.eot = tok.convert_tokens_to_ids("<|im_end|>")
+        self.outputs = []  # (the ids it saw, the ids it generated) per call
 
     async def generate(self, input_ids, params):
         text = self.tok.decode(input_ids)
@@ -39,6 +40,7 @@ class ScriptRouter:
         reply = self.scripts[key][self.turn[key]]
         self.turn[key] += 1
         ids = self.tok.encode(reply, add_special_tokens=False) + [self.eot]
+        self.outputs.append((list(input_ids), ids))
         return Generation(ids, [-0.5] * len(ids), "stop")
 
 
@@ -83,7 +85,7 @@ def test_gold_patch_commands_resolve_every_builtin_task(tok):
         assert (traj.ended_by, traj.reward, traj.infra_error) == ("submitted", 1.0, None), task.instance_id
         assert env.grade_result.dropped_paths == ("pdb.py",), (task.instance_id, env.grade_result.reason)
         assert _files(traj.patch) == _files(task.patch) | {"pdb.py"} and task.patch.strip() in traj.patch
-        assert traj.metadata["task_id"] == task.instance_id and not any(traj.format_errors)
+        assert traj.task_id == task.instance_id and not any(traj.format_errors)
         traj.check()
 
 
@@ -171,7 +173,6 @@ def test_demonstration_is_sampled_with_but_not_trained_on(tok, in_trained_prompt
     with the demo-free prompt (unless agent.demonstration_in_trained_prompt) and then holds the very
     same turns, token for token."""
     from jaxswe.agent.trajectory import ChatFormat
-    from jaxswe.stages.episodes import from_trajectory
 
     task = TASKS[0]
     router = ScriptRouter(tok, {task.problem_statement.strip(): [SUBMIT]})
@@ -180,20 +181,19 @@ def test_demonstration_is_sampled_with_but_not_trained_on(tok, in_trained_prompt
         run_episodes([env], router, tok, sampling=SAMPLING, max_turns=3, max_context_tokens=16384)
     )
     demo = env.prompts.demonstration.strip()
-    assert demo and demo[:40] in tok.decode(traj.input_ids[: traj.prompt_len])
-    episode = from_trajectory(task.instance_id, traj)
     if in_trained_prompt:
-        assert episode.input_ids == traj.input_ids and "trained_prompt_ids" not in traj.metadata
+        assert demo[:40] in tok.decode(traj.input_ids[: traj.prompt_len]) and traj.sampled_prompt_ids is None
         return
+    sampled = traj.sampled_prompt_ids
+    assert demo and demo[:40] in tok.decode(sampled)
     chat = ChatFormat.from_tokenizer(tok)
     plain = SWEEnv(task).prompts.instance
     assert "{demonstration}" in plain
-    head = traj.metadata["trained_prompt_ids"]
+    head = traj.input_ids[: traj.prompt_len]
     assert head == chat.prompt_ids(env.system_prompt, env.trained_first_message)
-    assert demo[:40] not in tok.decode(head)
-    assert episode.input_ids == head + traj.input_ids[traj.prompt_len :]
-    n = len(head)
-    assert episode.sft_mask[:n] == [0] * n and episode.sft_mask[n:] == list(
-        traj.rft_loss_mask()[traj.prompt_len :]
-    )
-    assert sum(episode.loss_mask) == sum(traj.loss_mask) > 0
+    assert demo[:40] not in tok.decode(head) and traj.messages[1]["content"] == env.trained_first_message
+    ((seen, generated),) = router.outputs  # one turn: SUBMIT
+    assert seen == sampled and traj.input_ids[traj.prompt_len :] == generated
+    traj.check()
+    n = traj.prompt_len
+    assert traj.rft_loss_mask()[:n].sum() == 0 and sum(traj.loss_mask) > 0

@@ -39,12 +39,12 @@ def _timing(key: str) -> bool:
 
 
 def _record(run_dir: Path) -> tuple[list[dict], list[list[dict]]]:
-    """(metrics rows without timings, every iteration's episodes without grading time)."""
+    """(metrics rows without timings, every iteration's episodes without their timings)."""
     rows = [{k: v for k, v in r.items() if not _timing(k)} for r in read_rows(run_dir / "metrics.jsonl")]
     episodes = []
     for f in sorted((run_dir / "trajectories").glob("iter_*.jsonl")):
         lines = [json.loads(line) for line in f.read_text().splitlines()]
-        episodes.append([{k: v for k, v in e.items() if k != "grading_s"} for e in lines])
+        episodes.append([{k: v for k, v in e.items() if k != "timings"} for e in lines])
     return rows, episodes
 
 

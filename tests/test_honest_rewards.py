@@ -15,7 +15,6 @@ from envs.repos import clean_template
 from envs.sandbox import ARG_LIMIT
 from jaxswe.agent.demos import command_reply
 from jaxswe.agent.swe_env import GradingError, SWEEnv
-from jaxswe.stages.episodes import from_trajectory
 
 TASK = next(t for t in TASKS if t.instance_id == "builtin__billsplit-1")
 SUBMIT = command_reply("submit", "Done.")
@@ -122,8 +121,8 @@ def test_plugin_hack_end_to_end_scores_zero_with_a_tamper_flag(tok):  # noqa: F8
     script = [command_reply(plugin, "Add a helper."), command_reply(addopts, "Load it."), SUBMIT]
     (traj,) = play(tok, [TASK], [script], concurrency=1)
     assert traj.ended_by == "submitted" and traj.infra_error is None and "_plug" in traj.patch
-    assert traj.reward == 0.0 and traj.metadata["tamper"] == ["reaches into the test runner's internals"]
-    assert from_trajectory(TASK.instance_id, traj).tampered
+    assert traj.reward == 0.0 and traj.tampered
+    assert traj.tamper == ["reaches into the test runner's internals"]
 
 
 def test_tests_that_cannot_collect_even_with_gold_are_an_infra_failure():

@@ -40,7 +40,7 @@ def test_killed_collection_resumes_where_it_stopped(tmp_path):
     assert len(lines) == 8  # streamed: one line per finished episode
     # killed while writing the 4th line: three complete rows and a torn one
     path.write_text("\n".join(lines[:3]) + "\n" + lines[3][:25])
-    kept = {json.loads(line)["slot"]: json.loads(line) for line in lines[:3]}
+    kept = {json.loads(line)["stage"]["slot"]: json.loads(line) for line in lines[:3]}
     built = []
     make_env = ctx.make_env
     ctx.make_env = lambda task, seed=None: built.append(task) or make_env(task, seed)
@@ -49,7 +49,9 @@ def test_killed_collection_resumes_where_it_stopped(tmp_path):
     assert len(built) == 5 and [e.task_id for e in second] == slots
     for slot, row in kept.items():  # what was on disk is not sampled again
         assert second[slot].input_ids == row["input_ids"]
-    assert sorted(json.loads(line)["slot"] for line in path.read_text().splitlines()) == list(range(8))
+    assert sorted(json.loads(line)["stage"]["slot"] for line in path.read_text().splitlines()) == list(
+        range(8)
+    )
 
     changed = toy_config(rft={"samples_per_task": 3})
     ctx3 = toy_context(changed, tmp_path / "rft", policy, tok, NV, num_tasks=4)

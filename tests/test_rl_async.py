@@ -35,24 +35,35 @@ def _cli_rl(run_dir: Path, *sets: str, timeout: int = 900) -> list[dict]:
     return read_rows(run_dir / "metrics.jsonl")
 
 
+def _episode(task: str, versions: list[int], resolved: bool, logprobs: list[float] | None = None):
+    """A one-turn episode whose sampled tokens are those with a policy version."""
+    from jaxswe.agent.trajectory import Trajectory, Turn
+
+    n = len(versions)
+    return Trajectory(
+        task_id=task,
+        input_ids=list(range(n)),
+        loss_mask=[int(v >= 0) for v in versions],
+        rollout_logprobs=logprobs or [0.0] * n,
+        policy_versions=versions,
+        turns=[Turn(0, n)],
+        ended_by="submitted",
+        reward=float(resolved),
+    )
+
+
 def _timing(key: str) -> bool:
     return key.startswith("time_") or key.endswith("_per_s")
 
 
-@pytest.mark.parametrize(
-    "variant,sets",
-    [
-        ("default", ("rl.resample_to_fill=false", "rl.max_resample_rounds=0")),
-        ("resample", ("rl.resample_to_fill=true", "rl.max_resample_rounds=2")),
-    ],
-)
-def test_k0_reproduces_the_synchronous_loop_rows(tmp_path, variant, sets):
+def test_k0_reproduces_the_synchronous_loop_rows(tmp_path):
     """3 iterations at max_staleness 0 through the pump give the rows the separate synchronous
-    collector wrote before it was deleted (same seed, one CPU device; with dynamic sampling's
-    resample rounds too; tests/data/rl_sync_reference.json says how they were made)."""
-    sets = ("seed=1", "rl.iterations=3", "rl.max_staleness=0", *sets)  # the reference's settings
-    rows = _cli_rl(tmp_path / "rl", *sets)
-    want = REFERENCE["rows"][variant]
+    collector wrote before it was deleted (same seed, one CPU device, dynamic sampling's resample
+    rounds; tests/data/rl_sync_reference.json says how they were made, also without resampling:
+    its first round is this run's)."""
+    sets = ("seed=1", "rl.iterations=3", "rl.max_staleness=0")  # the reference's settings
+    rows = _cli_rl(tmp_path / "rl", *sets, "rl.resample_to_fill=true", "rl.max_resample_rounds=2")
+    want = REFERENCE["rows"]["resample"]
     assert len(rows) == len(want) == 3
     for got, ref in zip(rows, want, strict=True):
         compared = {k for k in got if not _timing(k)}
@@ -79,7 +90,6 @@ def test_weight_update_mid_episode_versions_and_importance_weights(tmp_path):
     from jaxswe.rollout.engine import EmbeddedEngine
     from jaxswe.rollout.sampler import Sampler
     from jaxswe.rollout.types import SamplingParams
-    from jaxswe.stages.episodes import from_trajectory
     from jaxswe.stages.rollouts import EmbeddedBackend
 
     policy_a, tok = toy_policy(tmp_path / "a", 2, seed=0)
@@ -109,7 +119,7 @@ def test_weight_update_mid_episode_versions_and_importance_weights(tmp_path):
             await backend.close()
 
     traj = asyncio.run(play())
-    ep = from_trajectory("toy", traj)
+    ep = traj
     versions, mask = np.asarray(ep.policy_versions), np.asarray(ep.loss_mask) > 0
     assert ep.num_turns >= 2 and set(versions[mask]) == {0, 1}, versions
     first_turn_end = np.flatnonzero(mask)[0] + np.argmax(~mask[np.flatnonzero(mask)[0] :])
@@ -149,23 +159,17 @@ def test_stale_tokens_are_not_trained_and_staleness_is_measured():
     from jaxswe.errors import UserError
     from jaxswe.rl.pump import Collected, check_versioned, judge, staleness_stats, trainable
     from jaxswe.rl.train import training_sequences
-    from jaxswe.stages.episodes import Episode
 
     def ep(versions, resolved):
-        n = len(versions)
-        mask = [int(v >= 0) for v in versions]
-        return Episode(
-            "t", list(range(n)), mask, mask, [0.0] * n, 1, "submitted", resolved, policy_versions=versions
-        )
+        return _episode("t", versions, resolved)
 
     spans = [ep([-1, 1, 2, -1, 4], True), ep([-1, 2, 2], False)]  # k = 2 at version 4: min version 2
     stale = [ep([-1, 1, 1], True), ep([-1, 0], False)]
     assert trainable(spans, 2) and not trainable(stale, 2)
     check_versioned(spans)
     with pytest.raises(UserError, match="weight_version"):  # an engine that reports no versions
-        unversioned = Episode(
-            "t", [0, 1], [0, 1], [0, 1], [0.0, 0.0], 1, "submitted", True, policy_versions=[-1, -1]
-        )
+        unversioned = _episode("t", [-1, -1], True)
+        unversioned.loss_mask = [0, 1]
         check_versioned([unversioned, *spans])
     stats = staleness_stats([spans, stale], [True, False], 4, 2)
     # spans' sampled lags: 3 (masked), 2, 0, 2, 2
@@ -242,17 +246,14 @@ def test_a_take_trains_its_groups_in_draw_order_whatever_finished_first():
     them over in draw order, so the batches do not depend on which episode was quicker."""
     from jaxswe.config import load_config
     from jaxswe.rl.pump import RolloutPump
-    from jaxswe.stages.episodes import Episode
 
     cfg = load_config(ROOT / "configs" / "toy-rl.yaml", ["rl.problems_per_iteration=2", "rl.max_staleness=1"])
     pump = object.__new__(RolloutPump)  # capacity 0 starts no groups
     pump.capacity, pump.outstanding, pump.error, pump.finished = 0, 2, None, {}
     pump.ctx, pump.order = types.SimpleNamespace(cfg=cfg), None
 
-    def group(task: str) -> list[Episode]:  # one win, one loss: informative
-        ids, mask = [0, 1], [0, 1]
-        return [Episode(task, ids, mask, mask, [0.0, -0.5], 1, "submitted", won, policy_versions=[-1, 0])
-                for won in (True, False)]  # fmt: skip
+    def group(task: str):  # one win, one loss: informative
+        return [_episode(task, [-1, 0], won, logprobs=[0.0, -0.5]) for won in (True, False)]
 
     async def take():
         pump.changed = asyncio.Event()
@@ -334,11 +335,11 @@ def test_every_token_of_a_k1_run_has_the_log_prob_of_the_version_that_sampled_it
     vouch for the rollouts; this does: a 4-iteration k = 1 toy run keeps every synced version's
     weights, and each sampled token's rollout log-prob (every trajectory file) equals that
     version's log-prob of it, recomputed by the model code."""
+    from jaxswe.agent.trajectory import load_jsonl
     from jaxswe.config import load_config
     from jaxswe.model import token_logprobs
+    from jaxswe.rl.loop import run_rl
     from jaxswe.stages.context import ensure_backend, open_stage
-    from jaxswe.stages.episodes import load_episodes
-    from jaxswe.stages.stages import run_rl_stage
 
     cfg = load_config(CONFIG, ["rl.iterations=4", "rl.max_staleness=1", "eval.after_stage=false"])
     ctx = open_stage(cfg, tmp_path / "rl", init_from=None)
@@ -351,10 +352,10 @@ def test_every_token_of_a_k1_run_has_the_log_prob_of_the_version_that_sampled_it
         await sync(params, export_dir, version=version)
 
     backend.sync_weights = keep_versions
-    run_rl_stage(ctx, history_from=None, resume=False)
+    run_rl(ctx, history_from=None, resume=False)
     model_cfg = ctx.policy.model_cfg
     episodes = [
-        e for p in sorted((tmp_path / "rl" / "trajectories").glob("iter_*.jsonl")) for e in load_episodes(p)
+        e for p in sorted((tmp_path / "rl" / "trajectories").glob("iter_*.jsonl")) for e in load_jsonl(p)
     ]
     width = max(len(e.input_ids) for e in episodes)
     ids = np.zeros((len(episodes), width), np.int32)  # right-padded: causal, so padding changes nothing

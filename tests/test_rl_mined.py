@@ -28,6 +28,7 @@ import yaml
 from half_solver import half_solving_model
 
 from envs.tasks import load_tasks
+from jaxswe.agent.trajectory import load_jsonl
 from jaxswe.cli import main
 from jaxswe.config import config_from_dict
 from jaxswe.model import token_logprobs
@@ -125,15 +126,13 @@ def test_short_rl_run_over_http_trains_on_mined_tasks(tmp_path):
 
 def _check_run(run_dir: Path, model_dir: Path, tasks, url: str) -> None:
     (row,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    episodes = [
-        json.loads(line) for line in (run_dir / "trajectories" / "iter_0001.jsonl").read_text().splitlines()
-    ]
+    episodes = load_jsonl(run_dir / "trajectories" / "iter_0001.jsonl")
     assert row["step"] == 1 and row["episodes"] == len(episodes) == 2 * GROUP and row["infra_failures"] == 0
-    assert {e["task_id"] for e in episodes} == {t.instance_id for t in tasks}
+    assert {e.task_id for e in episodes} == {t.instance_id for t in tasks}
     # graded by the tasks' tests in fresh sandboxes: both outcomes occur
-    assert all(e["grading_s"] > 0 for e in episodes if e["ended_by"] == "submitted")
-    assert {e["resolved"] for e in episodes} == {True, False}
-    assert not any(e["resolved"] for e in episodes if e["num_turns"] == 1)  # submitted unchanged code
+    assert all(e.grading_s > 0 for e in episodes if e.ended_by == "submitted")
+    assert {e.resolved for e in episodes} == {True, False}
+    assert not any(e.resolved for e in episodes if e.num_turns == 1)  # submitted unchanged code
     # at least one group trained, with finite metrics; every episode sampled and was checked
     assert row["groups_kept"] >= 1 and row["optimizer_steps"] > 0 and row["trajectories_trained"] > 0
     assert all(np.isfinite(v) for v in row.values() if isinstance(v, float)) and row["tokens_generated"] > 0
@@ -146,9 +145,7 @@ def _check_run(run_dir: Path, model_dir: Path, tasks, url: str) -> None:
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     assert (run_dir / "checkpoints" / "1").is_dir() and (run_dir / "plots" / "rl_curves.png").is_file()
     assert all(  # sampled by the starting policy (SGLang's "default", version 0)
-        v == (0 if m else -1)
-        for e in episodes
-        for v, m in zip(e["policy_versions"], e["loss_mask"], strict=True)
+        v == (0 if m else -1) for e in episodes for v, m in zip(e.policy_versions, e.loss_mask, strict=True)
     )
     # trained, exported as trained (the export holds what the trainer's checkpoint holds)
     before, after = (load_hf(d, dtype="float32")[1] for d in (model_dir, run_dir / "weights"))
@@ -161,7 +158,7 @@ def _check_run(run_dir: Path, model_dir: Path, tasks, url: str) -> None:
     with urllib.request.urlopen(url + "/get_model_info", timeout=10) as r:
         info = json.loads(r.read())
     assert str(run_dir / "weights") in json.dumps(info) and info["weight_version"] == "1"
-    ids = episodes[0]["input_ids"]
+    ids = episodes[0].input_ids
     request = {"input_ids": ids, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
                "logprob_start_len": 0}  # fmt: skip
     post = urllib.request.Request(url + "/generate", json.dumps(request).encode(), method="POST",

@@ -8,14 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 from rl_toy_helpers import toy_config, toy_context, toy_policy
 
+from jaxswe.agent.trajectory import load_jsonl
 from jaxswe.model import token_logprobs
 from jaxswe.policy import load_policy
+from jaxswe.rl.loop import run_rl
 from jaxswe.rl.problems import filter_by_history
 from jaxswe.run.metrics import read_rows
-from jaxswe.stages.episodes import load_episodes
 from jaxswe.stages.rft import run_rft
 from jaxswe.stages.stage_io import load_history
-from jaxswe.stages.stages import run_rl_stage
 
 NV = 2
 
@@ -34,7 +34,7 @@ def test_rft_rl_stage2_handoff(tmp_path):
 
     # RFT from the random policy: sample, keep resolved, SFT, checkpoint.
     rft_summary, rft_params = run_rft(toy_context(cfg, tmp_path / "rft", policy, tok, NV), resume=False)
-    samples = load_episodes(tmp_path / "rft" / "trajectories" / "samples.jsonl")
+    samples = load_jsonl(tmp_path / "rft" / "trajectories" / "samples.jsonl")
     assert len(samples) == 8 * 4
     assert rft_summary["tasks_with_success"] == len({e.task_id for e in samples if e.resolved})
     assert rft_summary["trajectories_kept"] == sum(e.resolved for e in samples)
@@ -42,9 +42,7 @@ def test_rft_rl_stage2_handoff(tmp_path):
     # RL stage 1 starts from the RFT checkpoint.
     p1 = load_policy(tmp_path / "rft", cfg)
     assert _same(p1.params, rft_params)
-    s1 = run_rl_stage(
-        toy_context(cfg, tmp_path / "rl1", p1, tok, NV, seed=1), history_from=None, resume=False
-    )
+    s1 = run_rl(toy_context(cfg, tmp_path / "rl1", p1, tok, NV, seed=1), history_from=None, resume=False)
     assert s1["iterations"] == 1
     history = load_history(tmp_path / "rl1")
     assert sum(len(v) for v in history.values()) == len(
@@ -62,16 +60,16 @@ def test_rft_rl_stage2_handoff(tmp_path):
     assert row1["groups_kept"] > 0 and row1["optimizer_steps"] > 0 and row1["trajectories_trained"] > 0
     assert not _same(p2.params, p1.params)
     assert all(np.isfinite(v) for v in row1.values() if isinstance(v, float))
-    ep = load_episodes(tmp_path / "rl1" / "trajectories" / "iter_0001.jsonl")[0]
+    ep = load_jsonl(tmp_path / "rl1" / "trajectories" / "iter_0001.jsonl")[0]
     logp = np.asarray(token_logprobs(p1.params, p1.model_cfg, jnp.asarray([ep.input_ids])))[0]
     mask = np.asarray(ep.loss_mask) > 0
     np.testing.assert_allclose(logp[mask], np.asarray(ep.rollout_logprobs)[mask], atol=1e-4)
     ctx2 = toy_context(cfg2, tmp_path / "rl2", p2, tok, NV, seed=2)
     expected, counts = filter_by_history(ctx2.task_ids, history, drop_never_solved=False)
-    s2 = run_rl_stage(ctx2, history_from=str(tmp_path / "rl1"), resume=False)
+    s2 = run_rl(ctx2, history_from=str(tmp_path / "rl1"), resume=False)
     saved = json.loads((tmp_path / "rl2" / "task_filter.json").read_text())
     assert saved["pool"] == expected and s2["task_filter"] == counts
-    trained_on = {e.task_id for e in load_episodes(tmp_path / "rl2" / "trajectories" / "iter_0001.jsonl")}
+    trained_on = {e.task_id for e in load_jsonl(tmp_path / "rl2" / "trajectories" / "iter_0001.jsonl")}
     assert trained_on <= set(expected)
     for d in ("rft", "rl1", "rl2"):
         assert (tmp_path / d / "config.yaml").is_file() and (tmp_path / d / "model.json").is_file()

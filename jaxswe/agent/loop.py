@@ -90,7 +90,7 @@ async def run_episode(
 ) -> Trajectory:
     """Play one episode; never raises for environment or engine failures (see module doc)."""
     chat = chat or ChatFormat.from_tokenizer(tokenizer)
-    traj = Trajectory(metadata={"task_id": getattr(env, "task_id", None)})
+    traj = Trajectory(task_id=str(getattr(env, "task_id", None) or ""))
     timing = {"env_s": 0.0, "model_s": 0.0, "reward_s": 0.0}
     t_start = time.perf_counter()
 
@@ -109,8 +109,6 @@ async def run_episode(
         traj.append(prompt, trained=False)
         traj.prompt_len = len(prompt)
         trained_first = getattr(env, "trained_first_message", None)
-        if trained_first is not None:  # sampled with a demonstration, trained without it
-            traj.metadata["trained_prompt_ids"] = chat.prompt_ids(system, trained_first)
         while traj.ended_by is None:
             budget = max_context_tokens - len(traj.input_ids) - 1  # keep room for a closing end-of-turn
             if budget < 1:
@@ -161,20 +159,23 @@ async def run_episode(
             # the environment ended the episode (an "error" here is the policy's, e.g. too many
             # format errors): it scores it
             traj.reward = float(await env_call(env.reward, key="reward_s"))
-            traj.metadata["tamper"] = list(getattr(env, "tamper", ()))
+            traj.tamper = list(getattr(env, "tamper", ()))
         elif traj.ended_by in ("max_turns", "context"):
             traj.reward = 0.0
+        if trained_first is not None:  # sampled with a demonstration, trained without it
+            traj.replace_prompt(chat.prompt_ids(system, trained_first))
+            traj.messages[1]["content"] = trained_first
     except Exception as err:  # any failure outside the policy: keep the record, exclude it from RL
-        log.warning("episode %s failed: %s", traj.metadata["task_id"], err, exc_info=True)
+        log.warning("episode %s failed: %s", traj.task_id, err, exc_info=True)
         traj.ended_by, traj.reward = "error", None
         traj.infra_error = f"{type(err).__name__}: {err}"
     finally:
         try:
             await env_call(env.close)
         except Exception as err:
-            log.warning("closing the environment of %s failed: %s", traj.metadata["task_id"], err)
+            log.warning("closing the environment of %s failed: %s", traj.task_id, err)
     timing["total_s"] = time.perf_counter() - t_start
-    traj.metadata.update(timing)
+    traj.timings = timing
     return traj
 
 

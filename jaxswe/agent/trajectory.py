@@ -1,4 +1,5 @@
-"""Token-exact multi-turn trajectories and the chat-template pieces they are built from.
+"""The rollout record (token-exact multi-turn trajectories) and the chat-template pieces it is
+built from.
 
 A trajectory only ever grows by appending ids: the rendered prompt (system + first user message +
 assistant header), each generated turn exactly as sampled, then each observation rendered alone
@@ -9,12 +10,15 @@ are the ids the rollout engine saw and sampled.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import os
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from jaxswe.data.packing import Sequence
+from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
 
 ENDED_BY = ("submitted", "max_turns", "context", "error")
@@ -108,8 +112,11 @@ class Turn:
 
 @dataclass
 class Trajectory:
-    """One episode as token ids with masks, rollout log-probs and its outcome."""
+    """One episode from sampler to loss: token ids with masks, rollout log-probs and policy
+    versions, its turns and decoded conversation, and its outcome. The stages keep, pickle
+    between processes and save (`save_jsonl`) this one record."""
 
+    task_id: str = ""
     input_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)  # 1 exactly on sampled assistant tokens
     rollout_logprobs: list[float] = field(default_factory=list)  # aligned; 0.0 where not sampled
@@ -120,10 +127,15 @@ class Trajectory:
     messages: list[dict[str, str]] = field(default_factory=list)  # decoded conversation, for reading
     prompt_len: int = 0
     ended_by: str | None = None
-    reward: float | None = None
+    reward: float | None = None  # the environment's outcome (1 = resolved); None for an infra failure
     patch: str | None = None
-    infra_error: str | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
+    infra_error: str | None = None  # the infrastructure failed: excluded from RL, never scored 0
+    tamper: list[str] = field(default_factory=list)  # grading's tamper flags (the reward is then 0)
+    timings: dict[str, float] = field(default_factory=dict)  # env_s, model_s, reward_s, total_s
+    # the prompt the episode was sampled with when it is not the one trained on (a demonstration)
+    sampled_prompt_ids: list[int] | None = None
+    # the stage's bookkeeping: RL's shaped_reward, advantage and group_kept; RFT's sample slot
+    stage: dict[str, Any] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- building
     def append(
@@ -144,7 +156,36 @@ class Trajectory:
         )
         self.policy_versions.extend([int(v) for v in versions] if versions is not None else [-1] * len(ids))
 
+    def replace_prompt(self, prompt_ids: list[int]) -> None:
+        """Swap the prompt (ids [0, prompt_len)) for `prompt_ids`, keeping the turns token for token;
+        the sampled prompt moves to `sampled_prompt_ids`."""
+        shift = len(prompt_ids) - self.prompt_len
+        self.sampled_prompt_ids = self.input_ids[: self.prompt_len]
+        n = len(prompt_ids)
+        self.input_ids = [int(t) for t in prompt_ids] + self.input_ids[self.prompt_len :]
+        self.loss_mask = [0] * n + self.loss_mask[self.prompt_len :]
+        self.rollout_logprobs = [0.0] * n + self.rollout_logprobs[self.prompt_len :]
+        self.policy_versions = [-1] * n + self.policy_versions[self.prompt_len :]
+        self.turns = [replace(t, start=t.start + shift, end=t.end + shift) for t in self.turns]
+        self.prompt_len = n
+
     # ---------------------------------------------------------------- views
+    @property
+    def resolved(self) -> bool:
+        return self.infra_error is None and (self.reward or 0.0) >= 1.0
+
+    @property
+    def tampered(self) -> bool:
+        return bool(self.tamper)
+
+    @property
+    def grading_s(self) -> float:
+        return float(self.timings.get("reward_s", 0.0))
+
+    @property
+    def num_generated(self) -> int:
+        return int(sum(self.loss_mask))
+
     @property
     def num_turns(self) -> int:
         return len(self.turns)
@@ -170,15 +211,19 @@ class Trajectory:
                 mask[t.start : t.end] = 0
         return mask
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        """input_ids int32 [T], loss_mask int32 [T], rollout_logprobs float32 [T],
-        policy_versions int32 [T]."""
-        return {
-            "input_ids": np.asarray(self.input_ids, dtype=np.int32),
-            "loss_mask": np.asarray(self.loss_mask, dtype=np.int32),
-            "rollout_logprobs": np.asarray(self.rollout_logprobs, dtype=np.float32),
-            "policy_versions": np.asarray(self.policy_versions, dtype=np.int32),
-        }
+    def rl_sequence(self, advantage: float) -> Sequence:
+        """What RL packs: the sampled tokens with the rollout's log-probs, versions and `advantage`."""
+        return Sequence(
+            np.asarray(self.input_ids, np.int32),
+            np.asarray(self.loss_mask, np.float32),
+            rollout_logprobs=np.asarray(self.rollout_logprobs, np.float32),
+            advantage=advantage,
+            policy_versions=np.asarray(self.policy_versions, np.int32),
+        )
+
+    def sft_sequence(self) -> Sequence:
+        """What RFT packs: `rft_loss_mask` over the same ids."""
+        return Sequence(np.asarray(self.input_ids, np.int32), self.rft_loss_mask().astype(np.float32))
 
     def check(self) -> None:
         """Raise ValueError if the fields are inconsistent."""
@@ -204,19 +249,14 @@ class Trajectory:
             raise ValueError("policy_versions must be >= 0 on sampled tokens and -1 elsewhere")
 
     # ---------------------------------------------------------------- JSON
-    def to_json(self, *, text: str | None = None) -> dict[str, Any]:
-        record = asdict(self)
-        if text is not None:
-            record["text"] = text
-        return record
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
     @classmethod
     def from_json(cls, record: dict[str, Any]) -> Trajectory:
         if not isinstance(record, dict):
             raise TrajectoryError("bad trajectory record: not a JSON object")
-        record = {k: v for k, v in record.items() if k != "text"}
-        if "policy_versions" not in record:  # written before versions were recorded: unknown
-            record["policy_versions"] = [-1] * len(record.get("input_ids", []))
+        record = dict(record)
         try:
             record["turns"] = [Turn(**t) for t in record.get("turns", [])]
             traj = cls(**record)
@@ -226,20 +266,18 @@ class Trajectory:
         return traj
 
 
-def save_jsonl(trajectories: list[Trajectory], path: str | Path, *, tokenizer: Any = None) -> None:
-    """One trajectory per line; with a tokenizer each line also holds the decoded `text`."""
+def save_jsonl(path: str | Path, trajectories: list[Trajectory]) -> None:
+    """One trajectory per line, written atomically (a killed write leaves the old file); process 0
+    only."""
+    if not is_main():
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w") as f:
         for traj in trajectories:
-            text = None
-            if tokenizer is not None:
-                text = tokenizer.decode(
-                    traj.input_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
-                )
-            f.write(json.dumps(traj.to_json(text=text), ensure_ascii=False) + "\n")
-    tmp.replace(path)
+            f.write(json.dumps(traj.to_json(), ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
 
 
 def load_jsonl(path: str | Path) -> list[Trajectory]:

@@ -18,6 +18,20 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+# The [B, T] arrays of a batch: name -> (dtype, fill on padding and on tokens a field does not
+# cover). TokenBatch, the packer, padding, the steps' inputs (`step_fields`) and the planner's batch
+# bytes all follow this one table.
+FIELDS: dict[str, tuple[type, int]] = {
+    "input_ids": (np.int32, 0),
+    "positions": (np.int32, 0),
+    "segment_ids": (np.int32, 0),
+    "loss_mask": (np.float32, 0),
+    "advantages": (np.float32, 0),
+    "rollout_logprobs": (np.float32, 0),
+    "old_logprobs": (np.float32, 0),
+    "policy_versions": (np.int32, -1),
+}
+
 
 class TokenBatch(NamedTuple):
     """[B, T] arrays of packed rows; a field a step does not use may be None."""
@@ -50,8 +64,26 @@ class TokenBatch(NamedTuple):
         return {f: v for f, v in zip(self._fields, self, strict=True) if v is not None}
 
 
-SFT_FIELDS = ("input_ids", "positions", "segment_ids", "loss_mask")
+assert TokenBatch._fields == tuple(FIELDS), "TokenBatch and FIELDS list the same arrays"
+
+LOGPROB_FIELDS = ("input_ids", "positions", "segment_ids")
+SFT_FIELDS = LOGPROB_FIELDS + ("loss_mask",)
 DAPO_FIELDS = SFT_FIELDS + ("advantages", "rollout_logprobs", "old_logprobs")
+
+
+def step_fields(kind: str, *, off_policy: bool = False) -> tuple[str, ...]:
+    """The batch fields a jitted pass reads: "logprobs", "sft" or "dapo" (the rollout log-probs
+    only with the off-policy correction)."""
+    if kind == "logprobs":
+        return LOGPROB_FIELDS
+    if kind == "sft":
+        return SFT_FIELDS
+    return DAPO_FIELDS if off_policy else tuple(f for f in DAPO_FIELDS if f != "rollout_logprobs")
+
+
+def batch_bytes_per_token(fields: tuple[str, ...]) -> int:
+    """Bytes per token position of the batch a pass reads (for the memory planner)."""
+    return sum(np.dtype(FIELDS[f][0]).itemsize for f in fields)
 
 
 @dataclass(frozen=True)
@@ -120,15 +152,7 @@ def pack_sequences(
         row_fill[row] += n
     num_rows = _round_rows(len(row_fill), rows_multiple, power_of_two_rows)
     shape = (num_rows, seq_len)
-    arrays = {
-        "input_ids": np.zeros(shape, np.int32),
-        "positions": np.zeros(shape, np.int32),
-        "segment_ids": np.zeros(shape, np.int32),
-        "loss_mask": np.zeros(shape, np.float32),
-        "advantages": np.zeros(shape, np.float32),
-        "rollout_logprobs": np.zeros(shape, np.float32),
-        "policy_versions": np.full(shape, -1, np.int32),
-    }
+    arrays = {k: np.full(shape, fill, dtype) for k, (dtype, fill) in FIELDS.items() if k != "old_logprobs"}
     segments_in_row = [0] * num_rows
     for i in sorted(range(len(sequences)), key=lambda i: placement[i][:2]):
         row, start, n = placement[i]
@@ -157,7 +181,7 @@ def pad_rows(batch: TokenBatch, num_rows: int) -> TokenBatch:
         raise ValueError(f"cannot pad {have} rows down to {num_rows}")
 
     def pad(name: str, v: np.ndarray) -> np.ndarray:
-        fill = np.full((num_rows - have, *v.shape[1:]), -1 if name == "policy_versions" else 0, v.dtype)
+        fill = np.full((num_rows - have, *v.shape[1:]), FIELDS[name][1], v.dtype)
         return np.concatenate([v, fill])
 
     return TokenBatch(**{k: pad(k, v) for k, v in batch.present().items()})

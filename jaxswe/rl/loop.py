@@ -2,8 +2,8 @@
 
 take (the pump's judged groups: P problems x G episodes, graded in fresh sandboxes, rewards =
 outcome + turn penalty, group-normalized advantages, uninformative groups and infra failures left
-out) -> pack -> recompute -> check sampling -> update (jaxswe.rl.train) -> push weights (policy
-version `step`) -> Orbax checkpoint -> episodes and the metrics row.
+out) -> pack -> recompute -> check sampling (jaxswe.rl.train.prepare) -> one DAPO update per
+mini-batch -> push weights (policy version `step`) -> episodes -> Orbax checkpoint -> metrics row.
 
 rl.max_staleness = 0 (the default) is the paper's synchronous loop: every episode of iteration
 `step` is sampled by policy version step - 1. With k > 0 the pump keeps episodes in flight while
@@ -14,6 +14,7 @@ code, so the toy game and SWE tasks share it.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -21,22 +22,20 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from jaxswe.agent.trajectory import Trajectory, save_jsonl
 from jaxswe.config import RunConfig
 from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
 from jaxswe.losses import LossSettings
 from jaxswe.policy import Policy
-from jaxswe.rl.problems import DataOrder, History, record_outcomes
+from jaxswe.rl.problems import DataOrder, History, filter_by_history, record_outcomes
 from jaxswe.rl.pump import Collected, RolloutPump
 from jaxswe.rl.rewards import advantage_stats
-from jaxswe.rl.train import train_on
+from jaxswe.rl.train import prepare, update_metrics
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger, read_rows
-from jaxswe.run.plots import plot_metrics
-from jaxswe.stages.context import StageContext
-from jaxswe.stages.episodes import Episode, save_episodes
-from jaxswe.stages.rollouts import run_phase
-from jaxswe.stages.stage_io import write_json
+from jaxswe.stages.context import StageContext, ensure_backend, finish_stage
+from jaxswe.stages.stage_io import load_history, write_json
 from jaxswe.train.trainer import Trainer
 
 
@@ -46,7 +45,7 @@ def rl_trainer(cfg: RunConfig, policy: Policy) -> Trainer:
     return Trainer(policy.model_cfg, policy.params, cfg.optimizer, loss=loss, mesh_cfg=cfg.mesh)
 
 
-def _episode_stats(episodes: list[Episode]) -> dict[str, float]:
+def _episode_stats(episodes: list[Trajectory]) -> dict[str, float]:
     scored = [e for e in episodes if e.infra_error is None]
     n = max(len(scored), 1)
     ends = Counter(e.ended_by for e in scored)
@@ -71,7 +70,10 @@ async def rl_iteration(
     t_iter = time.perf_counter()
     c, order = await pump.take(step)  # take: judged groups
     t0 = time.perf_counter()
-    train = await asyncio.to_thread(train_on, ctx, c, step)  # pack -> recompute -> check -> update
+    steps, dists, train = await asyncio.to_thread(prepare, ctx, c, step)  # pack -> recompute -> check
+    t1 = time.perf_counter()
+    step_metrics = [await asyncio.to_thread(ctx.trainer.dapo_update, batch) for batch in steps]  # update
+    train.update(update_metrics(steps, dists, step_metrics, time.perf_counter() - t1))
     c.timings["time_train_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     await ctx.backend.sync_weights(ctx.trainer.params, ctx.stage_dir / "weights", version=step)
@@ -80,7 +82,7 @@ async def rl_iteration(
         history, [(g[0].task_id, [e.resolved for e in g if e.infra_error is None]) for g in c.groups]
     )
     row = {**iteration_row(c, train), "time_iteration_s": time.perf_counter() - t_iter}
-    save_episodes(ctx.stage_dir / "trajectories" / f"iter_{step:04d}.jsonl", *episode_records(c))
+    save_jsonl(ctx.stage_dir / "trajectories" / f"iter_{step:04d}.jsonl", episode_records(c))
     meta = {"iteration": step, "seed": ctx.cfg.seed, "data_order": order.to_json(), "history": history,
             "metrics_row": row}  # fmt: skip
     ckpts.save(step, ctx.trainer.state(), meta)
@@ -112,16 +114,44 @@ def iteration_row(c: Collected, train: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def episode_records(c: Collected) -> tuple[list[Episode], list[dict[str, Any]]]:
-    """Every episode of the iteration and its reward, advantage and whether its group trained."""
-    extras = []
-    for rg, ag, keep in zip(c.rewards, c.result.advantages, c.kept, strict=True):
-        extras += [{"reward": r, "advantage": a, "group_kept": keep} for r, a in zip(rg, ag, strict=True)]
-    return [e for g in c.groups for e in g], extras
+def episode_records(c: Collected) -> list[Trajectory]:
+    """Every episode of the iteration with its shaped reward, advantage and whether its group
+    trained (`Trajectory.stage`)."""
+    out = []
+    for g, rg, ag, keep in zip(c.groups, c.rewards, c.result.advantages, c.kept, strict=True):
+        for e, r, a in zip(g, rg, ag, strict=True):
+            e.stage = {"shaped_reward": r, "advantage": a, "group_kept": keep}
+            out.append(e)
+    return out
 
 
-def run_rl(ctx: StageContext, *, resume: bool, history: History | None = None) -> dict[str, Any]:
-    """Run (or resume) the configured number of iterations; return the stage summary.
+def filter_tasks(ctx: StageContext, history_from: str | None) -> dict[str, int] | None:
+    """RL stage 2's task filter (rl.task_filter solved_fraction): narrow `ctx.task_ids` by the
+    success history of `history_from` (a stage-1 RL dir); returns the filter's counts."""
+    rl = ctx.cfg.rl
+    if rl.task_filter != "solved_fraction":
+        return None
+    if not history_from:
+        raise UserError(
+            "rl.task_filter solved_fraction needs rl.history_from (or init_from): a stage-1 RL dir"
+        )
+    pool, counts = filter_by_history(
+        list(ctx.task_ids),
+        load_history(history_from),
+        drop_solved_fraction=rl.drop_solved_fraction,
+        drop_never_solved=rl.drop_never_solved,
+    )
+    print(f"jaxswe rl: task filter from {history_from}: {counts}", file=sys.stderr)
+    write_json(ctx.stage_dir / "task_filter.json", {**counts, "source": str(history_from), "pool": pool})
+    if not pool:
+        raise UserError(f"the task filter from {history_from} leaves no task to train on")
+    ctx.task_ids = pool
+    return counts
+
+
+def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) -> dict[str, Any]:
+    """Run (or resume) the configured number of iterations in an opened stage (its tasks filtered
+    by `filter_tasks`); return the stage summary (written by `finish_stage`).
 
     Resume at k = 0 is exact: a run killed anywhere and resumed writes the same rows (timings
     aside) and episodes as one never stopped, since every draw follows (run seed, data order,
@@ -132,53 +162,58 @@ def run_rl(ctx: StageContext, *, resume: bool, history: History | None = None) -
     the lost ones are not drawn again before the epoch ends."""
     cfg, stage_dir = ctx.cfg, ctx.stage_dir
     ckpts = Checkpoints(stage_dir / "checkpoints", max_to_keep=2)
-    history = dict(history or {})
+    if ckpts.steps() and not resume:
+        raise UserError(f"{stage_dir}: holds RL checkpoints already; pass --resume or use a new --run-dir")
+    counts = filter_tasks(ctx, history_from)
+    ctx.trainer = rl_trainer(cfg, ctx.policy)
+    backend = ensure_backend(ctx)
+    history: History = {}
     order = DataOrder()
     start = 0
     last_row = None
-    if ckpts.steps() and not resume:
-        raise UserError(f"{stage_dir}: holds RL checkpoints already; pass --resume or use a new --run-dir")
-    if resume:
-        restored = ckpts.restore_latest(ctx.trainer.state())
-        if restored is not None:
-            start, items, meta = restored
-            ctx.trainer.load_state(items)
-            history = {k: list(v) for k, v in meta["history"].items()}
-            order = DataOrder.from_json(meta["data_order"])
-            last_row = meta.get("metrics_row")
-            print(f"jaxswe: resuming RL from iteration {start} ({ckpts.directory / str(start)})")
+    restored = ckpts.restore_latest(ctx.trainer.state()) if resume else None
+    if restored is not None:
+        start, items, meta = restored
+        ctx.trainer.load_state(items)
+        history = {k: list(v) for k, v in meta["history"].items()}
+        order = DataOrder.from_json(meta["data_order"])
+        last_row = meta.get("metrics_row")
+        print(f"jaxswe: resuming RL from iteration {start} ({ckpts.directory / str(start)})", file=sys.stderr)
     metrics = MetricsLogger(stage_dir, start_step=start + 1)
     if last_row is not None and not any(r["step"] == start for r in read_rows(metrics.path)):
         metrics.log(start, last_row)  # killed after the checkpoint committed, before the row
 
-    async def loop() -> None:
-        nonlocal history
-        if start > 0:
-            await ctx.backend.sync_weights(ctx.trainer.params, stage_dir / "weights", version=start)
-        pump = RolloutPump(ctx, order)
-        bar = tqdm(
-            range(start + 1, cfg.rl.iterations + 1),
-            desc="rl",
-            initial=start,
-            total=cfg.rl.iterations,
-            disable=not is_main(),  # one progress bar per run, not per process
-        )
+    # one event loop for the whole stage: at k > 0 episodes stay in flight across iterations
+    with asyncio.Runner() as runner:
+        pump = None
         try:
+            if start > 0:
+                runner.run(backend.sync_weights(ctx.trainer.params, stage_dir / "weights", version=start))
+            pump = RolloutPump(ctx, order)
+            bar = tqdm(
+                range(start + 1, cfg.rl.iterations + 1),
+                desc="rl",
+                initial=start,
+                total=cfg.rl.iterations,
+                disable=not is_main(),  # one progress bar per run, not per process
+            )
             for step in bar:
-                row, history = await rl_iteration(ctx, pump, ckpts, metrics, history, step)
+                row, history = runner.run(rl_iteration(ctx, pump, ckpts, metrics, history, step))
                 bar.set_postfix(reward=f"{row['reward_mean']:.2f}", passed=f"{row['pass_rate']:.2f}")
         finally:
-            await pump.stop()
-
-    run_phase(ctx.backend, loop())
+            if pump is not None:
+                runner.run(pump.stop())
+            runner.run(backend.release())
     metrics.close()
     ckpts.close()
-    if is_main():
-        plot_metrics(metrics.path, stage_dir / "plots" / "rl_curves.png", title=f"{cfg.name}: RL")
+    ctx.trainer = None  # the backend serves the trained weights: free the optimizer state before eval
     rows = read_rows(metrics.path)
-    return {
+    summary = {
         "name": "rl",
         "iterations": len(rows),
         "final_pass_rate": rows[-1]["pass_rate"] if rows else None,
         "checkpoint": str(ckpts.directory),
     }
+    if counts is not None:
+        summary["task_filter"] = counts
+    return finish_stage(ctx, summary)

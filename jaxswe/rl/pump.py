@@ -13,7 +13,7 @@ k > 0 (asynchronous, partial rollouts): the pump keeps k x P groups outstanding 
 and not yet taken) and starts a new group as soon as one is taken, so the engine never waits for
 the trainer and the trainer never waits for the slowest episode. Weight updates do not stop
 episodes: a running episode continues under the new weights from its next turn, and every sampled
-token keeps the version that sampled it (`Episode.policy_versions`). `take` hands policy version
+token keeps the version that sampled it (`Trajectory.policy_versions`). `take` hands policy version
 step - 1 finished groups until P of them are informative, within P x (1 + rounds) groups: of the
 groups done, the first drawn; else the next to finish; then in draw order, so the batches depend
 on timing only through which groups are done when it looks. A token more than k versions behind
@@ -33,14 +33,14 @@ from typing import Any
 
 import numpy as np
 
+from jaxswe.agent.trajectory import Trajectory
 from jaxswe.config import RunConfig
-from jaxswe.distributed import is_main, on_main_async
+from jaxswe.distributed import on_main_async
 from jaxswe.errors import UserError
 from jaxswe.rl.problems import DataOrder, next_problems
 from jaxswe.rl.rewards import GroupResult, compute_group_advantages, shaped_rewards
 from jaxswe.rollout.types import derive_seed
 from jaxswe.stages.context import StageContext
-from jaxswe.stages.episodes import Episode
 from jaxswe.stages.rollouts import collect_episodes
 
 
@@ -48,7 +48,7 @@ from jaxswe.stages.rollouts import collect_episodes
 class Collected:
     """The judged groups one iteration trains from (`kept`: the ones it trains on)."""
 
-    groups: list[list[Episode]]
+    groups: list[list[Trajectory]]
     rewards: list[list[float]]
     result: GroupResult
     kept: list[bool]
@@ -58,7 +58,7 @@ class Collected:
     min_version: int | None = None  # k > 0: tokens of older policy versions are stale
 
 
-def group_rewards(group: list[Episode], cfg: RunConfig) -> list[float]:
+def group_rewards(group: list[Trajectory], cfg: RunConfig) -> list[float]:
     """Shaped rewards (outcome + turn penalty) of one group's episodes."""
     return shaped_rewards(
         np.array([e.resolved for e in group]),
@@ -68,7 +68,7 @@ def group_rewards(group: list[Episode], cfg: RunConfig) -> list[float]:
     ).tolist()
 
 
-def judge(groups: list[list[Episode]], rewards: list[list[float]]) -> GroupResult:
+def judge(groups: list[list[Trajectory]], rewards: list[list[float]]) -> GroupResult:
     return compute_group_advantages(rewards, [[e.infra_error is not None for e in g] for g in groups])
 
 
@@ -87,7 +87,7 @@ def draw(cfg: RunConfig, task_ids: list[str], count: int, order: DataOrder):
     return problems, seeds, after
 
 
-def sampled_versions(group: list[Episode]) -> np.ndarray:
+def sampled_versions(group: list[Trajectory]) -> np.ndarray:
     """The policy version of every sampled token of `group`'s scored episodes."""
     return np.array(
         [
@@ -101,7 +101,7 @@ def sampled_versions(group: list[Episode]) -> np.ndarray:
     )
 
 
-def check_versioned(group: list[Episode]) -> None:
+def check_versioned(group: list[Trajectory]) -> None:
     """Raise when a sampled token of `group` has no policy version (the engine reported none):
     with k > 0 it could never be told fresh from stale."""
     if (sampled_versions(group) < 0).any():
@@ -124,7 +124,7 @@ def trains(versions: np.ndarray, min_version: int, stale_tokens: str) -> np.ndar
     return np.ones_like(fresh)
 
 
-def _trained(group: list[Episode], min_version: int, stale_tokens: str):
+def _trained(group: list[Trajectory], min_version: int, stale_tokens: str):
     """(sampled versions, which train) of each scored episode of `group`."""
     for e in group:
         if e.infra_error is None:
@@ -132,13 +132,13 @@ def _trained(group: list[Episode], min_version: int, stale_tokens: str):
             yield versions, trains(versions, min_version, stale_tokens)
 
 
-def trainable(group: list[Episode], min_version: int, stale_tokens: str = "drop") -> bool:
+def trainable(group: list[Trajectory], min_version: int, stale_tokens: str = "drop") -> bool:
     """Whether any sampled token of `group` trains (see `trains`)."""
     return any(t.any() for _, t in _trained(group, min_version, stale_tokens))
 
 
 def staleness_stats(
-    groups: list[list[Episode]], kept: list[bool], version: int, k: int, stale_tokens: str = "drop"
+    groups: list[list[Trajectory]], kept: list[bool], version: int, k: int, stale_tokens: str = "drop"
 ) -> dict[str, Any]:
     """Staleness of the kept groups' sampled tokens behind the trainer's `version`: of those that
     train (`trains`), the mean and max lag and the fraction at each lag 0..k; the fraction that
@@ -173,12 +173,10 @@ class RolloutPump:
         self.capacity = rl.max_staleness * rl.problems_per_iteration  # groups sampled ahead
         self.outstanding = 0
         self.drawn = 0  # groups started so far: a group's draw index orders the finished ones
-        self.finished: dict[int, list[Episode]] = {}
+        self.finished: dict[int, list[Trajectory]] = {}
         self.tasks: set[asyncio.Task] = set()
         self.changed = asyncio.Event()
         self.error: BaseException | None = None
-        if is_main():  # the other processes only receive `take`'s broadcast
-            self._fill()
 
     def _fill(self) -> None:
         while self.outstanding < self.capacity:
@@ -216,7 +214,7 @@ class RolloutPump:
             self.error = err
         self.changed.set()
 
-    async def _next_group(self) -> tuple[int, list[Episode]]:
+    async def _next_group(self) -> tuple[int, list[Trajectory]]:
         """(draw index, episodes) of the first drawn of the groups done (waits for one if none is)."""
         while not self.finished:
             if self.error is not None:
@@ -234,6 +232,8 @@ class RolloutPump:
         return await on_main_async(lambda: self._take(step))
 
     async def _take(self, step: int) -> tuple[Collected, DataOrder]:
+        """`take` on process 0 (the others only receive its broadcast)."""
+        self._fill()  # the first take starts the k x P groups sampled ahead
         cfg, rl = self.ctx.cfg, self.ctx.cfg.rl
         version, k, want = step - 1, rl.max_staleness, rl.problems_per_iteration
         extra_rounds = rl.max_resample_rounds if rl.resample_to_fill else 0

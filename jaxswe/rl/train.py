@@ -1,4 +1,5 @@
-"""The trainer's half of an RL iteration: pack -> recompute -> check sampling -> update.
+"""The trainer's half of an RL iteration: pack -> recompute -> check sampling (`prepare`), then
+the updates (`jaxswe.rl.loop.rl_iteration`) and their metrics (`update_metrics`).
 
 The judged groups (jaxswe.rl.pump) become packed `TokenBatch` rows with the rollout's log-probs;
 the trainer recomputes the old log-probs before any update (the rollout-vs-trainer gap and the
@@ -9,7 +10,6 @@ correction computed inside the jitted loss.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -133,30 +133,12 @@ STEP_METRICS = ("loss", "clip_fraction", "approx_kl", "ratio_mean", "grad_norm")
 CORRECTION_METRICS = ("offpolicy_weight_mean", "tis_clip_fraction", "offpolicy_masked_fraction")
 
 
-def update(trainer: Trainer, steps: list[TokenBatch], dists: list[Dist]) -> dict[str, Any]:
-    """One DAPO optimizer step per batch; the iteration's training metrics."""
-    t0 = time.perf_counter()
-    step_metrics = [trainer.dapo_update(batch) for batch in steps]
-    train_s = time.perf_counter() - t0
-    mask = _flat([b.loss_mask for b in steps]) > 0
-    entropy = _flat([e for e, _ in dists])
-    tokens = float(mask.sum())
-    out = {
-        "optimizer_steps": len(step_metrics),
-        "tokens_trained": tokens,
-        "entropy": float(entropy[mask].mean()) if mask.any() else None,
-        "train_tokens_per_s": tokens / max(train_s, 1e-9),
-    }
-    for key in STEP_METRICS + tuple(k for k in CORRECTION_METRICS if k in step_metrics[0]):
-        out[key] = float(np.mean([m[key] for m in step_metrics]))
-    if "offpolicy_weight_max" in step_metrics[0]:
-        out["offpolicy_weight_max"] = float(max(m["offpolicy_weight_max"] for m in step_metrics))
-    return out
-
-
-def train_on(ctx: StageContext, c: Collected, step: int) -> dict[str, Any]:
+def prepare(
+    ctx: StageContext, c: Collected, step: int
+) -> tuple[list[TokenBatch], list[Dist], dict[str, Any]]:
     """pack -> recompute -> check sampling (over all scored trajectories, before any update: a
-    stop leaves the weights untouched) -> update; returns the training metrics."""
+    stop leaves the weights untouched): the iteration's optimizer-step batches with the trainer's
+    old log-probs, their `Dist`s, and the metrics so far."""
     rl, trainer = ctx.cfg.rl, ctx.trainer
     seqs, dropped = training_sequences(c, rl.stale_tokens)
     rng = np.random.default_rng([ctx.cfg.seed, step])
@@ -167,11 +149,32 @@ def train_on(ctx: StageContext, c: Collected, step: int) -> dict[str, Any]:
         minibatches(dropped, rl, trainer.rows_multiple, np.random.default_rng(0)) if dropped else ([], 0)
     )
     extra, extra_dists = recompute(trainer, extra)
-    out: dict[str, Any] = {"trajectories_trained": len(seqs), "optimizer_steps": 0}
+    out: dict[str, Any] = {"trajectories_trained": len(seqs), "optimizer_steps": len(steps)}
     if seqs or dropped:
         where = f"jaxswe rl iteration {step}"
         version = step - 1 if rl.max_staleness else None
         out.update(check_sampling(rl, steps + extra, dists + extra_dists, where, version))
     if seqs:
-        out.update(update(trainer, steps, dists), sequences_truncated=truncated)
+        out["sequences_truncated"] = truncated
+    return steps, dists, out
+
+
+def update_metrics(
+    steps: list[TokenBatch], dists: list[Dist], step_metrics: list[dict[str, float]], train_s: float
+) -> dict[str, Any]:
+    """The iteration's training metrics from its optimizer steps' (none: nothing trained)."""
+    if not step_metrics:
+        return {}
+    mask = _flat([b.loss_mask for b in steps]) > 0
+    entropy = _flat([e for e, _ in dists])
+    tokens = float(mask.sum())
+    out = {
+        "tokens_trained": tokens,
+        "entropy": float(entropy[mask].mean()) if mask.any() else None,
+        "train_tokens_per_s": tokens / max(train_s, 1e-9),
+    }
+    for key in STEP_METRICS + tuple(k for k in CORRECTION_METRICS if k in step_metrics[0]):
+        out[key] = float(np.mean([m[key] for m in step_metrics]))
+    if "offpolicy_weight_max" in step_metrics[0]:
+        out["offpolicy_weight_max"] = float(max(m["offpolicy_weight_max"] for m in step_metrics))
     return out

@@ -26,7 +26,7 @@ from jaxswe.train.trainer import Trainer
 @dataclass
 class StageContext:
     """What a stage reads while it runs. `backend` opens on first use (`ensure_backend`);
-    `trainer` is RL's (run_rl_stage sets it; the SFT stages keep theirs local, so its optimizer
+    `trainer` is RL's (run_rl sets it; the SFT stages keep theirs local, so its optimizer
     state is freed before the final eval)."""
 
     cfg: RunConfig

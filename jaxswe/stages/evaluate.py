@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from jaxswe.agent.trajectory import Trajectory, save_jsonl
 from jaxswe.distributed import is_main
 from jaxswe.rollout.types import derive_seed
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.plots import plot_eval
-from jaxswe.stages.episodes import Episode, save_episodes
 from jaxswe.stages.eval_stats import format_table, summarize
 from jaxswe.stages.rollouts import collect_episodes, run_phase
 from jaxswe.stages.stage_io import write_json
@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the context module imports this one
     from jaxswe.stages.context import StageContext
 
 
-def report_from_episodes(episodes: list[Episode], ks: list[int]) -> dict[str, Any]:
+def report_from_episodes(episodes: list[Trajectory], ks: list[int]) -> dict[str, Any]:
     """The eval report; infra failures are left out of every rate (and counted)."""
     per_task: dict[str, list[bool]] = {}
     scored = [e for e in episodes if e.infra_error is None]
@@ -32,7 +32,7 @@ def report_from_episodes(episodes: list[Episode], ks: list[int]) -> dict[str, An
 
 async def evaluate(
     ctx: StageContext, samples: int, name: str = "eval"
-) -> tuple[dict[str, Any], list[Episode]]:
+) -> tuple[dict[str, Any], list[Trajectory]]:
     """`samples` episodes per eval task on the stage's backend, seeded by (run seed, `name`):
     every stage's `final_eval` uses the same seeds, so stage-vs-stage comparisons share their
     random numbers; the eval stage draws its own."""
@@ -60,7 +60,7 @@ def run_eval_stage(ctx: StageContext, *, samples: int | None = None, name: str =
     cfg, stage_dir = ctx.cfg, ctx.stage_dir
     samples = samples or cfg.eval.samples_per_task
     report, episodes = run_phase(ctx.backend, evaluate(ctx, samples, name))
-    save_episodes(stage_dir / "trajectories" / f"{name}.jsonl", episodes)
+    save_jsonl(stage_dir / "trajectories" / f"{name}.jsonl", episodes)
     write_json(stage_dir / f"{name}.json", report)
     metrics = MetricsLogger(stage_dir / name if name != "eval" else stage_dir)
     row = {k: v for k, v in report.items() if isinstance(v, int | float)}

@@ -16,10 +16,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from jaxswe.agent.trajectory import Trajectory, TrajectoryError
 from jaxswe.config import RunConfig
 from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
@@ -28,7 +29,6 @@ from jaxswe.rollout.types import derive_seed
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.stages.context import StageContext, ensure_backend
-from jaxswe.stages.episodes import Episode
 from jaxswe.stages.rollouts import collect_episodes, run_phase
 from jaxswe.stages.sft import num_sft_steps, run_sft
 from jaxswe.train.trainer import Trainer
@@ -45,34 +45,42 @@ def rft_trainer(cfg: RunConfig, policy: Policy, num_steps: int | None = None) ->
     )
 
 
-def _read_samples(path: Path, slots: list[str]) -> dict[int, Episode]:
+def _read_samples(path: Path, slots: list[str]) -> dict[int, Trajectory]:
     """The episodes already streamed to `path` by slot; a torn last line (a killed write) is
     dropped and the file rewritten clean. Raises when the file belongs to other tasks."""
-    done: dict[int, Episode] = {}
+    done: dict[int, Trajectory] = {}
     if not path.is_file():
         return done
-    fields = set(Episode.__dataclass_fields__)
     for line in path.read_text().splitlines():
         try:
             row = json.loads(line)
         except ValueError:
             continue  # torn by a kill mid-write
-        slot = int(row["slot"])
-        if slot >= len(slots) or row["task_id"] != slots[slot]:
+        try:
+            episode = Trajectory.from_json(row)
+        except TrajectoryError as err:
+            raise UserError(f"{path}: {err}") from None
+        slot = int(episode.stage.get("slot", -1))
+        if not 0 <= slot < len(slots) or episode.task_id != slots[slot]:
             raise UserError(
-                f"{path}: sample {slot} is of task {row['task_id']!r}, not of this run's tasks "
+                f"{path}: sample {slot} is of task {episode.task_id!r}, not of this run's tasks "
                 "(task list or rft.samples_per_task changed); use a new --run-dir"
             )
-        done[slot] = Episode(**{k: v for k, v in row.items() if k in fields})
+        done[slot] = episode
     if not is_main():
         return done
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps({"slot": i, **asdict(e)}) + "\n" for i, e in sorted(done.items())))
+    tmp.write_text("".join(_sample_line(i, e) for i, e in sorted(done.items())))
     os.replace(tmp, path)
     return done
 
 
-def collect_samples(ctx: StageContext, path: Path) -> list[Episode]:
+def _sample_line(slot: int, episode: Trajectory) -> str:
+    episode.stage["slot"] = slot
+    return json.dumps(episode.to_json(), ensure_ascii=False) + "\n"
+
+
+def collect_samples(ctx: StageContext, path: Path) -> list[Trajectory]:
     """`rft.samples_per_task` episodes of every task, each appended to `path` as it finishes;
     slots already in `path` are not run again."""
     cfg = ctx.cfg
@@ -88,8 +96,8 @@ def collect_samples(ctx: StageContext, path: Path) -> list[Episode]:
         backend = ensure_backend(ctx)
         with path.open("a") if is_main() else contextlib.nullcontext() as out:
 
-            def stream(j: int, episode: Episode) -> None:  # process 0 only (it runs the episodes)
-                out.write(json.dumps({"slot": todo[j], **asdict(episode)}) + "\n")
+            def stream(j: int, episode: Trajectory) -> None:  # process 0 only (it runs the episodes)
+                out.write(_sample_line(todo[j], episode))
                 out.flush()
 
             episodes, _ = run_phase(

@@ -20,10 +20,10 @@ import jax
 
 from envs.base import Environment
 from jaxswe.agent.loop import episode_seeds, run_episodes
+from jaxswe.agent.trajectory import Trajectory
 from jaxswe.config import AgentSection
 from jaxswe.distributed import barrier, broadcast, is_main, on_main_async, to_host
 from jaxswe.rollout.types import Engine, SamplingParams
-from jaxswe.stages.episodes import Episode, from_trajectory
 
 T = TypeVar("T")
 
@@ -166,10 +166,10 @@ async def collect_episodes(
     agent: AgentSection,
     *,
     concurrency: int = 8,
-    on_done: Callable[[int, Episode], None] | None = None,
+    on_done: Callable[[int, Trajectory], None] | None = None,
     every_process: bool = True,
     seeds: list[int] | None = None,
-) -> tuple[list[Episode], float]:
+) -> tuple[list[Trajectory], float]:
     """Run one episode per entry of `task_ids` (repeat an id for a group), all in flight at once.
     `seeds` are the episodes' own seeds (sampling and environment); by default they follow
     `sampling.sampling_seed`, the task id and which sample of the task each is.
@@ -218,14 +218,19 @@ async def _collect(task_ids, seeds, make_env, engine, tokenizer, sampling, agent
         seeds=[seeds[i] for i in live_index],
         on_done=None
         if on_done is None
-        else lambda j, traj: on_done(live_index[j], from_trajectory(task_ids[live_index[j]], traj)),
+        else lambda j, traj: on_done(live_index[j], _named(traj, task_ids[live_index[j]])),
     )
     it = iter(trajs)
     episodes = []
     for i, task in enumerate(task_ids):
-        episodes.append(_failed(task, failures[i]) if i in failures else from_trajectory(task, next(it)))
+        episodes.append(_failed(task, failures[i]) if i in failures else _named(next(it), task))
     return episodes, time.perf_counter() - start
 
 
-def _failed(task: str, error: str) -> Episode:
-    return Episode(task, [], [], [], [], 0, "error", False, infra_error=error)
+def _named(traj: Trajectory, task: str) -> Trajectory:
+    traj.task_id = task
+    return traj
+
+
+def _failed(task: str, error: str) -> Trajectory:
+    return Trajectory(task_id=task, ended_by="error", infra_error=error)

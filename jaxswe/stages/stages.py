@@ -11,9 +11,8 @@ from typing import Any
 from jaxswe.config import RunConfig, dump_config
 from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
-from jaxswe.rl.loop import rl_trainer, run_rl
-from jaxswe.rl.problems import filter_by_history
-from jaxswe.stages.context import StageContext, check_inputs, ensure_backend, finish_stage, open_stage
+from jaxswe.rl.loop import run_rl
+from jaxswe.stages.context import check_inputs, ensure_backend, finish_stage, open_stage
 from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference
 from jaxswe.stages.evaluate import run_eval_stage
 from jaxswe.stages.rft import run_rft
@@ -27,36 +26,6 @@ STAGES = ("warmstart", "rft", "rl", "eval")
 def history_source(cfg: RunConfig, init_from: str | None) -> str | None:
     """Where stage 2 reads the success history: rl.history_from, else the stage it starts from."""
     return cfg.rl.history_from or init_from or cfg.init_from
-
-
-def run_rl_stage(ctx: StageContext, *, history_from: str | None, resume: bool) -> dict[str, Any]:
-    """RL in an opened stage; with rl.task_filter, its tasks are filtered by the saved history."""
-    rl, stage_dir = ctx.cfg.rl, ctx.stage_dir
-    pool, counts = list(ctx.task_ids), None
-    if rl.task_filter == "solved_fraction":
-        if not history_from:
-            raise UserError(
-                "rl.task_filter solved_fraction needs rl.history_from (or init_from): a stage-1 RL dir"
-            )
-        history = load_history(history_from)
-        pool, counts = filter_by_history(
-            pool,
-            history,
-            drop_solved_fraction=rl.drop_solved_fraction,
-            drop_never_solved=rl.drop_never_solved,
-        )
-        print(f"jaxswe rl: task filter from {history_from}: {counts}")
-        write_json(stage_dir / "task_filter.json", {**counts, "source": str(history_from), "pool": pool})
-        if not pool:
-            raise UserError(f"the task filter from {history_from} leaves no task to train on")
-    ctx.task_ids = pool
-    ctx.trainer = rl_trainer(ctx.cfg, ctx.policy)
-    ensure_backend(ctx)
-    summary = run_rl(ctx, resume=resume)
-    ctx.trainer = None  # the backend serves the trained weights: free the optimizer state before eval
-    if counts is not None:
-        summary["task_filter"] = counts
-    return finish_stage(ctx, summary)
 
 
 def result_line(summary: dict[str, Any]) -> str:
@@ -76,7 +45,36 @@ def run_stage(
     """Run one stage into `stage_dir`: a one-line banner once its inputs are checked, its result
     line at the end (stderr); return its summary (also written to summary.json)."""
     start = time.monotonic()
-    summary = _run_stage(name, cfg, Path(stage_dir), init_from=init_from, resume=resume)
+    stage_dir = Path(stage_dir)
+    if name == "warmstart":
+        tasks, _ = check_inputs(cfg)
+        _banner(name, stage_dir, None)
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        policy = build_policy(cfg, stage_dir, tasks, env_factory(cfg, tasks))
+        ctx = open_stage(cfg, stage_dir, init_from=None, policy=policy)
+        summary = finish_stage(ctx, *run_warmstart(ctx, resume=resume))
+    elif name == "rft":
+        ctx = open_stage(cfg, stage_dir, init_from=init_from)
+        _banner(name, stage_dir, init_from)
+        summary = finish_stage(ctx, *run_rft(ctx, resume=resume))
+    elif name == "rl":
+        source = history_source(cfg, init_from)
+        if cfg.rl.task_filter == "solved_fraction" and source:
+            load_history(source)  # fail before any work when it is missing
+        ctx = open_stage(cfg, stage_dir, init_from=init_from)
+        _banner(name, stage_dir, init_from)
+        summary = run_rl(ctx, history_from=source, resume=resume)
+    elif name == "eval":
+        ctx = open_stage(cfg, stage_dir, init_from=init_from)
+        _banner(name, stage_dir, init_from)
+        ensure_backend(ctx)
+        report = run_eval_stage(ctx)
+        keys = ("pass_at_1", "pass_at_1_ci95", "num_tasks", "num_episodes", "ended_by", "mean_turns")
+        summary = {"name": "eval", **{k: report[k] for k in keys}}
+        summary.update({k: v for k, v in report.items() if k.startswith("pass_at_")})
+        summary = finish_stage(ctx, summary)
+    else:
+        raise UserError(f"unknown stage {name!r}; choose one of {STAGES}")
     minutes, seconds = divmod(int(time.monotonic() - start), 60)
     print(
         f"jaxswe: == {name} done in {minutes}m{seconds:02d}s: {result_line(summary)}",
@@ -89,41 +87,6 @@ def run_stage(
 def _banner(name: str, stage_dir: Path, init_from: str | None) -> None:
     source = f" from {init_from}" if init_from else ""
     print(f"jaxswe: == {name}{source} -> {stage_dir}", file=sys.stderr, flush=True)
-
-
-def _run_stage(
-    name: str, cfg: RunConfig, stage_dir: Path, *, init_from: str | None, resume: bool
-) -> dict[str, Any]:
-    if name == "warmstart":
-        tasks, _ = check_inputs(cfg)
-        _banner(name, stage_dir, None)
-        stage_dir.mkdir(parents=True, exist_ok=True)
-        policy = build_policy(cfg, stage_dir, tasks, env_factory(cfg, tasks))
-        ctx = open_stage(cfg, stage_dir, init_from=None, policy=policy)
-        summary, params = run_warmstart(ctx, resume=resume)
-        return finish_stage(ctx, summary, params)
-    if name == "rft":
-        ctx = open_stage(cfg, stage_dir, init_from=init_from)
-        _banner(name, stage_dir, init_from)
-        summary, params = run_rft(ctx, resume=resume)
-        return finish_stage(ctx, summary, params)
-    if name == "rl":
-        source = history_source(cfg, init_from)
-        if cfg.rl.task_filter == "solved_fraction" and source:
-            load_history(source)  # fail before any work when it is missing
-        ctx = open_stage(cfg, stage_dir, init_from=init_from)
-        _banner(name, stage_dir, init_from)
-        return run_rl_stage(ctx, history_from=source, resume=resume)
-    if name == "eval":
-        ctx = open_stage(cfg, stage_dir, init_from=init_from)
-        _banner(name, stage_dir, init_from)
-        ensure_backend(ctx)
-        report = run_eval_stage(ctx)
-        keys = ("pass_at_1", "pass_at_1_ci95", "num_tasks", "num_episodes", "ended_by", "mean_turns")
-        summary = {"name": "eval", **{k: report[k] for k in keys}}
-        summary.update({k: v for k, v in report.items() if k.startswith("pass_at_")})
-        return finish_stage(ctx, summary)
-    raise UserError(f"unknown stage {name!r}; choose one of {STAGES}")
 
 
 def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, Any]:

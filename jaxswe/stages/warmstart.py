@@ -13,6 +13,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from jaxswe.agent.trajectory import Trajectory, save_jsonl
 from jaxswe.config import RunConfig, SFTSection
 from jaxswe.distributed import barrier, is_main, on_main_async
 from jaxswe.errors import UserError
@@ -21,7 +22,6 @@ from jaxswe.rollout.types import Generation, SamplingParams
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.stages.context import StageContext, check_inputs
-from jaxswe.stages.episodes import Episode, from_trajectory, save_episodes
 from jaxswe.stages.sft import run_sft
 from jaxswe.train.trainer import Trainer
 
@@ -72,13 +72,15 @@ def corpus_texts(cfg: RunConfig, tasks: list[Any], make_env: Any) -> list[str]:
     return texts
 
 
-async def scripted_episodes(cfg: RunConfig, tasks: list[Any], make_env: Any, tokenizer: Any) -> list[Episode]:
+async def scripted_episodes(
+    cfg: RunConfig, tasks: list[Any], make_env: Any, tokenizer: Any
+) -> list[Trajectory]:
     """The gold-command policy through the real agent loop: token-exact demonstrations."""
     from jaxswe.agent.loop import run_episode
 
     sem = asyncio.Semaphore(cfg.env.max_parallel)
 
-    async def one(task: Any) -> Episode:
+    async def one(task: Any) -> Trajectory:
         async with sem:
             traj = await run_episode(
                 make_env(task.instance_id),
@@ -89,7 +91,8 @@ async def scripted_episodes(cfg: RunConfig, tasks: list[Any], make_env: Any, tok
                 max_turns=cfg.agent.max_turns,
                 max_context_tokens=cfg.agent.max_context_tokens,
             )
-        return from_trajectory(task.instance_id, traj)
+        traj.task_id = task.instance_id
+        return traj
 
     return list(await asyncio.gather(*(one(t) for t in tasks)))
 
@@ -133,7 +136,7 @@ def run_warmstart(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], A
             return dict(meta["summary"]), trainer.params
     tasks = [t for t in check_inputs(cfg)[0] if t.instance_id in set(ctx.task_ids)]
     demos = asyncio.run(on_main_async(lambda: scripted_episodes(cfg, tasks, ctx.make_env, ctx.tokenizer)))
-    save_episodes(stage_dir / "trajectories" / "demonstrations.jsonl", demos)
+    save_jsonl(stage_dir / "trajectories" / "demonstrations.jsonl", demos)
     good = [e for e in demos if e.resolved]
     print(f"jaxswe warmstart: {len(good)}/{len(demos)} scripted demonstrations resolve their task")
     if not good:

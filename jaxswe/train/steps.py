@@ -20,6 +20,7 @@ the jitted loss (`losses.off_policy_weights`). Every step:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +31,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxswe.data.packing import DAPO_FIELDS, SFT_FIELDS, TokenBatch
+from jaxswe.data.packing import TokenBatch, step_fields
 from jaxswe.errors import UserError
 from jaxswe.losses import LossSettings, dapo_loss, off_policy_weights, sft_loss
 from jaxswe.model.attention import mesh_attention
@@ -40,8 +41,6 @@ from jaxswe.train.logprobs import policy_logprobs
 from jaxswe.train.state import TrainState, train_state_shardings
 from sharding import context_size, replicated, use_rules
 from sharding.logical import Rules, logical_to_spec
-
-LOGPROB_FIELDS = ("input_ids", "positions", "segment_ids")
 
 
 class TrainStepError(UserError):
@@ -96,8 +95,10 @@ def interleave_rows(batch: Any, num_micro: int, shards: int) -> Any:
     return jax.tree.map(move, batch)
 
 
-def _masked_mean(x_bt, mask_bt):
-    return jnp.sum(jnp.where(mask_bt > 0, x_bt, 0.0)) / jnp.maximum(jnp.sum(mask_bt), 1.0)
+def _entropy_mean(entropy_bt, mask_bt):
+    """The mean entropy over trained tokens (a metric: no gradient)."""
+    total = jnp.sum(jnp.where(mask_bt > 0, entropy_bt, 0.0)) / jnp.maximum(jnp.sum(mask_bt), 1.0)
+    return jax.lax.stop_gradient(total)
 
 
 class _Setup:
@@ -154,21 +155,19 @@ class _Setup:
         check_batch(batch, keys, num_micro=num_micro, row_shards=self.row_shards, token_shards=self.context_n)
 
 
-def _make_step(setup: _Setup, optimizer, keys, loss_of, lr_schedule) -> Callable:
+def _make_step(setup: _Setup, optimizer, keys, loss_fn, lr_schedule) -> Callable:
+    """The checked step of `loss_fn(params, micro_batch, num_tokens) -> (loss, aux)` (aux with the
+    micro-batch's mean `entropy`), averaged over the global token count and accumulated over
+    micro-batches. Its `.check(batch)` validates a batch of its `.fields` and `.jitted` runs it."""
+
     def step(state: TrainState, batch: TokenBatch):
         batch = TokenBatch.of(batch)  # `.jitted` is also lowered on mappings of the fields
         with use_rules(setup.mesh, setup.rules):
             num_tokens = jnp.sum(batch.loss_mask.astype(jnp.float32))
             num_micro = setup.micro_count(batch.input_ids.shape[0])
             micro = interleave_rows(batch, num_micro, setup.row_shards)
-
-            def loss_fn(params, mb):
-                logp, entropy, _ = setup.logprobs(params, mb)
-                loss, aux = loss_of(logp, entropy, mb, num_tokens)
-                aux = dict(aux, entropy=jax.lax.stop_gradient(_masked_mean(entropy, mb.loss_mask)))
-                return loss, aux
-
-            loss, aux, grads = accumulate_gradients(loss_fn, state.params, micro, num_micro)
+            loss_of_micro = functools.partial(loss_fn, num_tokens=num_tokens)
+            loss, aux, grads = accumulate_gradients(loss_of_micro, state.params, micro, num_micro)
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
         metrics = {
@@ -195,6 +194,7 @@ def _make_step(setup: _Setup, optimizer, keys, loss_of, lr_schedule) -> Callable
         return jitted(state, batch)
 
     checked.jitted = jitted
+    checked.check = lambda batch: setup.check(batch, keys)
     checked.fields = keys  # the batch fields the step reads
     checked.state_shardings = setup.state_sh
     checked.batch_sharding = setup.batch_sh
@@ -221,10 +221,12 @@ def make_sft_step(
     """
     setup = _Setup(model_cfg, optimizer, mesh, rules, num_micro, context_attention, micro_rows)
 
-    def loss_of(logp, entropy, mb, num_tokens):
-        return sft_loss(logp, mb.loss_mask, num_tokens=num_tokens)
+    def loss_fn(params, mb, num_tokens):
+        logp, entropy, _ = setup.logprobs(params, mb)
+        loss, aux = sft_loss(logp, mb.loss_mask, num_tokens=num_tokens)
+        return loss, dict(aux, entropy=_entropy_mean(entropy, mb.loss_mask))
 
-    return _make_step(setup, optimizer, SFT_FIELDS, loss_of, lr_schedule)
+    return _make_step(setup, optimizer, step_fields("sft"), loss_fn, lr_schedule)
 
 
 def make_dapo_step(
@@ -246,7 +248,8 @@ def make_dapo_step(
     not read."""
     setup = _Setup(model_cfg, optimizer, mesh, rules, num_micro, context_attention, micro_rows)
 
-    def loss_of(logp, entropy, mb, num_tokens):
+    def loss_fn(params, mb, num_tokens):
+        logp, entropy, _ = setup.logprobs(params, mb)
         chex.assert_equal_shape([logp, mb.old_logprobs, mb.advantages])
         weights, weight_aux = None, {}
         if loss.off_policy:
@@ -271,10 +274,9 @@ def make_dapo_step(
             entropy=entropy,
             entropy_coef=loss.entropy_coef,
         )
-        return value, {**aux, **weight_aux}
+        return value, {**aux, **weight_aux, "entropy": _entropy_mean(entropy, mb.loss_mask)}
 
-    fields = DAPO_FIELDS if loss.off_policy else tuple(f for f in DAPO_FIELDS if f != "rollout_logprobs")
-    return _make_step(setup, optimizer, fields, loss_of, lr_schedule)
+    return _make_step(setup, optimizer, step_fields("dapo", off_policy=loss.off_policy), loss_fn, lr_schedule)
 
 
 def make_compute_logprobs(
@@ -294,7 +296,7 @@ def make_compute_logprobs(
     recompute old log-probs before a DAPO update and to measure the rollout/trainer gap.
     """
     setup = _Setup(model_cfg, None, mesh, rules, num_micro, context_attention, micro_rows)
-    keys = LOGPROB_FIELDS
+    keys = step_fields("logprobs")
 
     def run(params, batch):
         batch = TokenBatch.of(batch)

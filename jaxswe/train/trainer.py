@@ -16,7 +16,7 @@ import numpy as np
 import optax
 
 from jaxswe.config import MeshSection, OptimizerSection
-from jaxswe.data.packing import DAPO_FIELDS, SFT_FIELDS, TokenBatch
+from jaxswe.data.packing import TokenBatch
 from jaxswe.distributed import check_same_on_every_process, to_host
 from jaxswe.losses import LossSettings
 from jaxswe.model.params import param_logical_axes
@@ -149,11 +149,15 @@ class Trainer:
         return tuple(to_host(x).astype(np.float32) for x in stats)
 
     def sft_update(self, batch: Batch) -> dict[str, float]:
-        self._state, out = self._sft(self._state, self._put(TokenBatch.of(batch).only(SFT_FIELDS)))
+        batch = self._put(TokenBatch.of(batch).only(self._sft.fields))
+        self._sft.check(batch)
+        self._state, out = self._sft.jitted(self._state, batch)
         return {k: float(v) for k, v in out.items()}
 
     def dapo_update(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of the DAPO loss; `batch` holds advantages, the rollout's and the
         trainer's old log-probs (the off-policy correction is computed in the jitted loss)."""
-        self._state, out = self._dapo(self._state, self._put(TokenBatch.of(batch).only(DAPO_FIELDS)))
+        batch = self._put(TokenBatch.of(batch).only(self._dapo.fields))
+        self._dapo.check(batch)
+        self._state, out = self._dapo.jitted(self._state, batch)
         return {k: float(v) for k, v in out.items()}

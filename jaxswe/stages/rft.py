@@ -76,8 +76,9 @@ def _read_samples(path: Path, slots: list[str]) -> dict[int, Trajectory]:
 
 
 def _sample_line(slot: int, episode: Trajectory) -> str:
-    episode.stage["slot"] = slot
-    return json.dumps(episode.to_json(), ensure_ascii=False) + "\n"
+    """The JSONL line of sample `slot` (the slot in the record's stage bookkeeping)."""
+    row = {**episode.to_json(), "stage": {**episode.stage, "slot": slot}}
+    return json.dumps(row, ensure_ascii=False) + "\n"
 
 
 def collect_samples(ctx: StageContext, path: Path) -> list[Trajectory]:

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 
 from jaxswe.config import MeshSection, OptimizerSection
-from jaxswe.data.packing import TokenBatch
+from jaxswe.data.packing import TokenBatch, step_fields
 from jaxswe.distributed import check_same_on_every_process, to_host
 from jaxswe.losses import LossSettings
 from jaxswe.model.params import param_logical_axes
@@ -143,9 +143,7 @@ class Trainer:
     def logprobs(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Trainer log-probs, entropies and surprisal variances [B, T] of the batch's tokens (no
         update)."""
-        stats = self._lp(
-            self.params, self._put(TokenBatch.of(batch).only(("input_ids", "positions", "segment_ids")))
-        )
+        stats = self._lp(self.params, self._put(TokenBatch.of(batch).only(step_fields("logprobs"))))
         return tuple(to_host(x).astype(np.float32) for x in stats)
 
     def sft_update(self, batch: Batch) -> dict[str, float]:

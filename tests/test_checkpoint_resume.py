@@ -19,7 +19,8 @@ ITERATIONS = 3
 
 
 def _start(run_dir, *args, cache):
-    env = {**os.environ, "JAXSWE_TEST_CACHE": str(cache), "JAX_PLATFORMS": "cpu"}
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device (test_stages_handoff.py)
+    env |= {"JAXSWE_TEST_CACHE": str(cache), "JAX_PLATFORMS": "cpu"}
     return subprocess.Popen(
         [sys.executable, str(CHILD), str(run_dir), str(ITERATIONS), *args],
         env=env,

@@ -6,14 +6,16 @@ import gc
 
 import jax
 import numpy as np
+import pytest
 
 from jaxswe.config import config_from_dict
+from jaxswe.errors import UserError
 from jaxswe.model.config import get_preset
 from jaxswe.model.hf_io import load_hf, save_hf
 from jaxswe.model.params import init_params
 from jaxswe.policy import Policy, load_policy, write_model_file
 from jaxswe.run.checkpoint import Checkpoints
-from jaxswe.train.trainer import Trainer, params_placement
+from jaxswe.train.trainer import Trainer, params_placement, trainer_mesh
 
 CFG = config_from_dict({"model": {"dtype": "float32"}, "optimizer": {"lr": 1e-3}})
 MODEL = get_preset("tiny", tie_word_embeddings=False, attention="dense")
@@ -75,3 +77,15 @@ def test_load_step_restore_export_stay_sharded(tmp_path):
 
     save_hf(tmp_path / "export", model_cfg, trainer.params, dtype="bfloat16")
     _check_live("after export", before)
+
+
+def test_mesh_devices_takes_the_first_devices_of_one_process():
+    """`mesh.devices`: the trainer spans that many of this process's first devices (the rest could
+    serve rollouts); more than there are is one clear error."""
+    two = config_from_dict({"mesh": {"devices": 2}}).mesh
+    mesh, _, _ = trainer_mesh(two)
+    assert list(mesh.devices.flat) == jax.devices()[:2] and mesh.shape["fsdp"] == 2
+    placed = params_placement(MODEL, two)
+    assert all(set(s.device_set) == set(jax.devices()[:2]) for s in jax.tree.leaves(placed))
+    with pytest.raises(UserError, match="mesh.devices 9: needs one process with at least that many"):
+        trainer_mesh(config_from_dict({"mesh": {"devices": 9}}).mesh)

@@ -29,7 +29,10 @@ def _same(a, b):
 
 def test_rft_rl_stage2_handoff(tmp_path):
     fp32 = {"dtype": "float32", "remat": "none"}  # stages compute like the toy policy, in float32
-    cfg = toy_config(model=fp32, rft={"samples_per_task": 4}, rl={"iterations": 1})
+    # one device: 8 fake CPU devices run collectives, and two in flight at once on XLA:CPU's shared
+    # thread pool can deadlock under load (the sharded steps have tests of their own)
+    one = {"devices": 1}
+    cfg = toy_config(model=fp32, mesh=one, rft={"samples_per_task": 4}, rl={"iterations": 1})
     policy, tok = toy_policy(tmp_path, NV)
 
     # RFT from the random policy: sample, keep resolved, SFT, checkpoint.
@@ -51,7 +54,9 @@ def test_rft_rl_stage2_handoff(tmp_path):
 
     # RL stage 2: own config, stage-1 checkpoint, filtered pool from stage 1's history.
     cfg2 = toy_config(
-        model=fp32, rl={"iterations": 1, "task_filter": "solved_fraction", "drop_never_solved": False}
+        model=fp32,
+        mesh=one,
+        rl={"iterations": 1, "task_filter": "solved_fraction", "drop_never_solved": False},
     )
     p2 = load_policy(tmp_path / "rl1", cfg2)
     # stage 1 sampled with the RFT weights it was handed (they reproduce its rollout log-probs)

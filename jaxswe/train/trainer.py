@@ -18,6 +18,7 @@ import optax
 from jaxswe.config import MeshSection, OptimizerSection
 from jaxswe.data.packing import TokenBatch, step_fields
 from jaxswe.distributed import check_same_on_every_process, to_host
+from jaxswe.errors import UserError
 from jaxswe.losses import LossSettings
 from jaxswe.model.params import param_logical_axes
 from jaxswe.optim import make_optimizer, make_schedule
@@ -38,7 +39,15 @@ def trainer_mesh(mesh_cfg: MeshSection | None) -> tuple[Any, Any, str]:
     """(mesh, rules, context attention) a Trainer of `mesh_cfg` runs on (None: one device)."""
     if mesh_cfg is None:
         return make_mesh({"fsdp": 1}, jax.devices()[:1]), make_rules(), "ring"
-    return make_mesh(mesh_cfg.axes), make_rules(mesh_cfg.rules), mesh_cfg.context_attention
+    devices = jax.devices()
+    if mesh_cfg.devices is not None:
+        if jax.process_count() > 1 or mesh_cfg.devices > len(devices):
+            raise UserError(
+                f"mesh.devices {mesh_cfg.devices}: needs one process with at least that many devices "
+                f"({jax.process_count()} processes, {len(devices)} devices)"
+            )
+        devices = devices[: mesh_cfg.devices]
+    return make_mesh(mesh_cfg.axes, devices), make_rules(mesh_cfg.rules), mesh_cfg.context_attention
 
 
 def params_placement(model_cfg: Any, mesh_cfg: MeshSection | None) -> Any:

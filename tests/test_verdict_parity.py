@@ -5,7 +5,9 @@ the report it wrote (SWE-bench/SWE-smith @ cf2e649d, tests/test_logs/run_evaluat
 resolved, one not. Each is graded three ways and all must agree: the recorded report, SWE-bench
 4.x's own `get_eval_tests_report` + `get_resolution_status` (the rules SWE-smith, SWE-rebench V1
 and SWE-Gym grade with), and jaxswe's parser and rules for the format. The rules each format uses
-differ where upstream's differ, shown on the same status maps.
+differ where upstream's differ, shown on the same status maps; SWE-bench 5.x's own functions (its
+wheel unpacked apart from the installed 4.x) agree with jaxswe's `swebench-5` rules on those maps
+and the logs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,18 @@ from envs.parsers import PARSERS, graded_failures
 DATA = Path(__file__).parent / "data" / "published"
 LOGS = sorted((DATA / "swe_smith_eval").iterdir())
 needs_swebench = pytest.mark.skipif(not official.available(), reason="the swebench extra is not installed")
+
+CASES = [  # (FAIL_TO_PASS, PASS_TO_PASS, statuses, resolved under swebench-5, under rebench-v2)
+    (["a"], ["b"], {"a": "PASSED", "b": "PASSED"}, True, True),
+    (["a", "c"], ["b"], {"a": "PASSED", "c": "SKIPPED", "b": "PASSED"}, False, False),  # 4.x: dropped
+    (["a"], ["b"], {"a": "SKIPPED", "b": "PASSED"}, False, False),  # 4.x: every F2P skipped resolves
+    (["a"], ["b"], {"a": "PASSED", "b": "SKIPPED"}, True, False),
+    (["a"], ["b"], {"a": "XFAIL", "b": "PASSED"}, True, False),  # V2 has no XFAIL
+    (["a"], ["b"], {"a": "PASSED", "b": "PASSED", "x": "PASSED"}, True, False),  # V2: set equality
+    (["a"], ["b"], {"a": "PASSED"}, False, False),  # missing fails everywhere
+    (["t[a"], [], {"t[a b]": "PASSED", "t[a c]": "FAILED"}, False, False),  # 4.x: the last wins
+    (["t[a"], [], {"t[a c]": "FAILED", "t[a b]": "PASSED"}, False, False),
+]
 
 
 def _recorded(run: Path) -> tuple[str, dict, list[str], list[str]]:
@@ -73,21 +87,57 @@ def test_each_format_is_graded_by_its_own_harness_rules():
         rep = get_eval_tests_report(tests, {"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p})
         return get_resolution_status(rep) == ResolvedStatus.FULL.value
 
-    cases = [  # (FAIL_TO_PASS, PASS_TO_PASS, statuses, resolved under swebench-5, under rebench-v2)
-        (["a"], ["b"], {"a": "PASSED", "b": "PASSED"}, True, True),
-        (["a", "c"], ["b"], {"a": "PASSED", "c": "SKIPPED", "b": "PASSED"}, False, False),  # 4.x: dropped
-        (["a"], ["b"], {"a": "SKIPPED", "b": "PASSED"}, False, False),  # 4.x: every F2P skipped resolves
-        (["a"], ["b"], {"a": "PASSED", "b": "SKIPPED"}, True, False),
-        (["a"], ["b"], {"a": "XFAIL", "b": "PASSED"}, True, False),  # V2 has no XFAIL
-        (["a"], ["b"], {"a": "PASSED", "b": "PASSED", "x": "PASSED"}, True, False),  # V2: set equality
-        (["a"], ["b"], {"a": "PASSED"}, False, False),  # missing fails everywhere
-        (["t[a"], [], {"t[a b]": "PASSED", "t[a c]": "FAILED"}, False, False),  # 4.x: the last wins
-        (["t[a"], [], {"t[a c]": "FAILED", "t[a b]": "PASSED"}, False, False),
-    ]
-    for f2p, p2p, tests, five, rebench_v2 in cases:
+    for f2p, p2p, tests, five, rebench_v2 in CASES:
         collapsed = {}
         for k, s in tests.items():  # what 4.x's parsers report: ids cut at the space, the last line kept
             collapsed[k.split(" ")[0]] = s
         assert (not graded_failures(f2p, p2p, tests, rules="swebench-4")) == v4(f2p, p2p, collapsed), tests
         assert (not graded_failures(f2p, p2p, tests, rules="swebench-5")) == five, tests
         assert (not graded_failures(f2p, p2p, tests, rules="rebench-v2")) == rebench_v2, tests
+
+
+SWEBENCH_5 = "swebench==5.0.2"
+_V5_SCRIPT = """
+import json, sys
+from swebench import __version__
+from swebench.harness.constants import ResolvedStatus
+from swebench.harness.grading import get_eval_tests_report, get_resolution_status
+
+out = []
+for f2p, p2p, tests in json.load(sys.stdin):
+    report = get_eval_tests_report(tests, {"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p})
+    out.append(get_resolution_status(report) == ResolvedStatus.FULL.value)
+print(json.dumps({"version": __version__, "resolved": out}))
+"""
+
+
+def test_swebench_5_own_functions_agree_with_the_swebench_5_rules(tmp_path):
+    """swebench 5.x cannot be installed beside the 4.x the extra pins (one package name), so its
+    wheel is unpacked into a directory of its own and its `get_eval_tests_report` +
+    `get_resolution_status` run in a subprocess: on the status maps above and on the recorded
+    SWE-smith logs, their verdicts equal jaxswe's `swebench-5` rules."""
+    import os
+    import subprocess
+    import sys
+    import zipfile
+
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", SWEBENCH_5, "-d",
+                          str(tmp_path)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    wheels = list(tmp_path.glob("swebench-*.whl"))
+    if got.returncode != 0 or not wheels:
+        if os.environ.get("CI") == "true":  # CI reaches PyPI
+            pytest.fail(f"pip download {SWEBENCH_5} failed: {got.stderr[-500:]}")
+        pytest.skip(f"pip download {SWEBENCH_5} failed (no package index reachable?)")
+    zipfile.ZipFile(wheels[0]).extractall(tmp_path / "v5")
+    maps = [(f2p, p2p, tests) for f2p, p2p, tests, _, _ in CASES]
+    for run in LOGS:
+        log, _, f2p, p2p = _recorded(run)
+        maps.append((f2p, p2p, PARSERS["pytest_verbose"](_between_markers(log))[0]))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "v5")}
+    done = subprocess.run([sys.executable, "-c", _V5_SCRIPT], input=json.dumps(maps), env=env,
+                          capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    official5 = json.loads(done.stdout)
+    assert official5["version"] == SWEBENCH_5.split("==")[1]
+    ours = [not graded_failures(f2p, p2p, tests, rules="swebench-5") for f2p, p2p, tests in maps]
+    assert ours == official5["resolved"], list(zip(ours, official5["resolved"], maps, strict=True))
+    assert ours[len(CASES) :] == [True, True, False, True]  # the logs: three resolved, one not

@@ -1,4 +1,5 @@
-"""The built-in task suite: `envs/tasks/builtin/<instance_id>/{task.json, repo/}`.
+"""The built-in task suite's repositories: `envs/tasks/builtin/<instance_id>/{task.json, repo/}`
+(`envs.tasks.load_builtin` reads the records).
 
 Each task's `repo/` is materialized as a git repository with ONE commit made with fixed author,
 committer, dates and config, so its hash (the task's base_commit) is the same on every machine.
@@ -8,7 +9,6 @@ Materialized repositories are cached under `$JAXSWE_CACHE_DIR/builtin` by a hash
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import uuid
@@ -16,7 +16,6 @@ from pathlib import Path
 
 from envs.errors import TaskError
 from envs.repos import cache_dir, git
-from envs.tasks import Task, task_from_record
 
 BUILTIN_DIR = Path(__file__).parent / "tasks" / "builtin"
 _FIXED_DATE = "2025-01-01T00:00:00+0000"
@@ -68,29 +67,6 @@ def materialize(task_dir: Path) -> tuple[Path, str]:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final, git(final, "rev-parse", "HEAD").strip()
-
-
-def _load_one(task_dir: Path, index: int) -> Task:
-    spec = task_dir / "task.json"
-    try:
-        record = json.loads(spec.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise TaskError(f"built-in task {index} ({task_dir.name}): cannot read {spec}: {err}") from None
-    if not isinstance(record, dict):
-        raise TaskError(f"built-in task {index} ({task_dir.name}): {spec} is not a JSON object")
-    repo_dir, commit = materialize(task_dir)
-    record = {**record, "base_commit": commit, "builtin_dir": str(task_dir), "test_directives": []}
-    record.setdefault("test_cmd", "pytest")
-    return task_from_record(record, index, source_dir=str(repo_dir))
-
-
-def load_builtin(root: str | Path | None = None) -> list[Task]:
-    """Every task under `root` (default: the package's built-in suite), sorted by instance_id."""
-    root = Path(root) if root is not None else BUILTIN_DIR
-    dirs = sorted(p for p in root.iterdir() if (p / "task.json").is_file()) if root.is_dir() else []
-    if not dirs:
-        raise TaskError(f"no built-in tasks (no */task.json) under {root}")
-    return [_load_one(d, i) for i, d in enumerate(dirs)]
 
 
 def builtin_source(instance_id: str, base_commit: str, task_dir: str | None = None) -> str:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from envs import official
+from envs.builtin import BUILTIN_DIR, builtin_source, materialize
 from envs.errors import TaskError
 from envs.parsers import PARSERS, STATUSES, parser_name_for_repo
 from envs.patches import patch_files
@@ -357,8 +358,6 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
     if source_dir is None and not record["repo"].startswith("builtin/"):
         source_dir = _str_field(index, record, "source_dir") or None  # a local repository (mined tasks)
     if source_dir is None and record["repo"].startswith("builtin/"):
-        from envs.builtin import builtin_source
-
         source_dir = builtin_source(record["instance_id"], record["base_commit"], record.get("builtin_dir"))
     fail_to_pass = _test_list(index, record, "FAIL_TO_PASS")
     if not fail_to_pass:
@@ -417,13 +416,9 @@ def _read_records(path: Path) -> list[Any]:
 def load_tasks(path: str | Path) -> list[Task]:
     """Tasks of a .json (a list or one record) / .jsonl file, or `"builtin"` for the built-in suite."""
     if str(path) == "builtin":
-        from envs.builtin import load_builtin
-
         return load_builtin()
     path = Path(path)
     if path.is_dir():
-        from envs.builtin import load_builtin
-
         return load_builtin(path)
     if not path.is_file():
         raise TaskError(f"task file {path} does not exist")
@@ -436,3 +431,26 @@ def load_tasks(path: str | Path) -> list[Task]:
             )
         seen.add(t.instance_id)
     return tasks
+
+
+def _load_one(task_dir: Path, index: int) -> Task:
+    spec = task_dir / "task.json"
+    try:
+        record = json.loads(spec.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise TaskError(f"built-in task {index} ({task_dir.name}): cannot read {spec}: {err}") from None
+    if not isinstance(record, dict):
+        raise TaskError(f"built-in task {index} ({task_dir.name}): {spec} is not a JSON object")
+    repo_dir, commit = materialize(task_dir)
+    record = {**record, "base_commit": commit, "builtin_dir": str(task_dir), "test_directives": []}
+    record.setdefault("test_cmd", "pytest")
+    return task_from_record(record, index, source_dir=str(repo_dir))
+
+
+def load_builtin(root: str | Path | None = None) -> list[Task]:
+    """Every task under `root` (default: the package's built-in suite), sorted by instance_id."""
+    root = Path(root) if root is not None else BUILTIN_DIR
+    dirs = sorted(p for p in root.iterdir() if (p / "task.json").is_file()) if root.is_dir() else []
+    if not dirs:
+        raise TaskError(f"no built-in tasks (no */task.json) under {root}")
+    return [_load_one(d, i) for i, d in enumerate(dirs)]

@@ -1,6 +1,7 @@
 """Test-suite setup: 8 fake CPU devices for sharding tests, float32 matmuls at full precision."""
 
 import os
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -9,6 +10,14 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# One XLA compile cache for a whole run, shared by both workers and the `jaxswe` processes tests
+# start: the many tests that compile the same tiny programs compile them once.
+_XLA_CACHE = os.environ.setdefault(
+    "JAXSWE_COMPILE_CACHE", os.path.join(tempfile.gettempdir(), f"jaxswe-tests-xla-{os.getuid()}")
+)
+jax.config.update("jax_compilation_cache_dir", _XLA_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 
 # In CI every prerequisite is installed (.ci/run starts a Docker engine, builds the base image and

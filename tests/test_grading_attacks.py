@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from envs import grade
-from envs.builtin import load_builtin
 from envs.docker_sandbox import engine_available
 from envs.grading import parse_report, tamper_reasons
 from envs.repos import clean_template
+from envs.tasks import load_builtin
 
 TASK_ID = "builtin__billsplit-1"
 # A pytest plugin that turns every report into a pass (the 7-line hack, loaded through config).

@@ -11,11 +11,11 @@ import pytest
 from test_grading_attacks import _git_diff
 
 from envs import grade
-from envs.builtin import load_builtin
 from envs.canaries import Canary, plant, wrong
 from envs.docker_sandbox import engine_available
 from envs.grading import FORGED
 from envs.repos import clean_template
+from envs.tasks import load_builtin
 
 TASK_ID = "builtin__roman-1"
 # Each attack is appended to romans/__init__.py, so it runs when the tests import the package.

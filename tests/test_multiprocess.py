@@ -82,6 +82,7 @@ TOY_PIPELINE = [  # RFT then RL on the toy game: DAPO steps are taken from itera
     "stages=[rft,rl]",
     "rft.samples_per_task=2",
     "rl.iterations=3",
+    "rl.resample_to_fill=false",  # one sampling round an iteration: the equality needs no more
     "eval.after_stage=false",
 ]
 

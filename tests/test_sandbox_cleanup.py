@@ -32,7 +32,7 @@ LIFETIME_S = 20
 HOLDER = """
 import sys, time
 from envs import DockerSandbox
-from envs.builtin import load_builtin
+from envs.tasks import load_builtin
 from envs.images import task_image
 image, _ = task_image(load_builtin()[0])
 life, run = float(sys.argv[1]), sys.argv[2]

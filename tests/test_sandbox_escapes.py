@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from envs import open_sandbox
-from envs.builtin import load_builtin
 from envs.local import bwrap_available
 from envs.repos import clean_template
+from envs.tasks import load_builtin
 from jaxswe.agent.commands import parse_action
 from jaxswe.agent.prompts import load_prompts
 from jaxswe.agent.scaffold import Scaffold
@@ -86,7 +86,7 @@ def test_detached_env_cleared_process_dies_at_timeout():
 CHILD = """
 import os, resource, sys, time
 from envs import open_sandbox
-from envs.builtin import load_builtin
+from envs.tasks import load_builtin
 from envs.grading import REPORT_LIMIT
 from envs.errors import SandboxError
 from jaxswe.agent.commands import parse_action

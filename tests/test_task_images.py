@@ -91,7 +91,7 @@ def test_an_images_own_setup_edits_survive_the_episode_and_grading(client):
     import dataclasses
 
     from envs import grade
-    from envs.builtin import load_builtin
+    from envs.tasks import load_builtin
     from jaxswe.agent.prompts import load_prompts
     from jaxswe.agent.scaffold import Scaffold
 

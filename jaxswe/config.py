@@ -85,8 +85,8 @@ class MeshSection(Section):
     """Device mesh axis sizes (-1 takes the remaining devices) and logical-axis rules."""
 
     axes: dict[str, int] = Field(default_factory=lambda: {"data": 1, "fsdp": -1, "context": 1, "tensor": 1})
-    # one process only: the trainer's mesh spans this many of its first devices (None: all), e.g.
-    # the rest serve rollouts
+    # one process only: the trainer's mesh spans this many of its first devices (None: all). On GPUs
+    # give the trainer its GPUs with CUDA_VISIBLE_DEVICES instead: JAX claims memory on every GPU it sees
     devices: int | None = Field(None, gt=0)
     rules: dict[str, str | list[str] | None] | None = None  # logical name -> mesh axis; None = defaults
     context_attention: Literal["ring", "allgather"] = "ring"

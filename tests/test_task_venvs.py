@@ -89,9 +89,11 @@ def test_sandbox_commands_use_the_task_venv(toolz_task):
         ({"pre_install": ["apt-get install -y locales"]}, "pre_install steps"),
     ],
 )
-def test_a_recipe_built_otherwise_than_its_harness_would_is_refused(recipe, why):
+def test_a_recipe_built_otherwise_than_its_harness_would_is_refused(recipe, why, tmp_path, monkeypatch):
     """The environment is the spec's or none: another Python, a conda environment.yml, system
-    steps locally: one clear error naming the reason, no half-built venv."""
+    steps locally: one clear error naming the reason, no half-built venv (in a cache of its own:
+    the pre_install recipe's venv key is the bare one other tasks build)."""
+    monkeypatch.setenv("JAXSWE_CACHE_DIR", str(tmp_path / "cache"))
     record = {
         "instance_id": "o__r-1", "repo": "o/r", "base_commit": "0" * 40, "patch": "", "test_patch": "",
         "FAIL_TO_PASS": ["t.py::test_a"], "PASS_TO_PASS": [], "install_config": recipe,

@@ -345,8 +345,11 @@ def _check_every_token(run_dir: Path, weights: dict[int, dict], model_cfg) -> li
     logprobs = jax.jit(lambda p, x: token_logprobs(p, model_cfg, x))
     checked = sorted(set(versions[versions >= 0].tolist()))
     for v in checked:
-        rows = (versions == v).any(axis=1)  # the episodes with a token of version v
-        want = np.asarray(logprobs(weights[v], jnp.asarray(ids[rows])))
+        rows = np.flatnonzero((versions == v).any(axis=1))  # the episodes with a token of version v
+        bucket = 1 << (len(rows) - 1).bit_length()  # a few compiled batch sizes, not one per version
+        batch = np.zeros((bucket, width), np.int32)
+        batch[: len(rows)] = ids[rows]
+        want = np.asarray(logprobs(weights[v], jnp.asarray(batch)))[: len(rows)]
         mine = versions[rows] == v
         np.testing.assert_allclose(rollout[rows][mine], want[mine], atol=5e-5, err_msg=f"version {v}")
     return checked

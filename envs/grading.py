@@ -535,7 +535,6 @@ def grade_in(
         )
         return GradeResult(False, {}, out, why, dropped_paths=tuple(dropped), error=not clean)
     canaries, notes = _plant_canaries(sandbox, task)
-    canary_tests: dict[str, str] = {}
     ids = tuple(c.test_id for c in canaries)
     command, env = build_test_command(task, private, _config_file(sandbox), ids)
     if env:
@@ -546,6 +545,7 @@ def grade_in(
         except SandboxError:
             report = Report({}, {}, frozenset(), False, None)
         tests, messages, broken = report.tests, report.messages, set(report.collect_errors)
+        seen = tests
         disagree = None
         if not report.started:  # it started on the clean base (preflight): the patch stopped it
             disagree = "the test run never reached the grader's plugin"
@@ -562,8 +562,8 @@ def grade_in(
     else:
         run = sandbox.exec(command, timeout=test_timeout)
         tests, messages = PARSERS[task.log_parser](run.output)
-        if canaries:  # sympy's runner ends a file's last test line with the file's [OK]/[FAIL]
-            canary_tests = PARSERS[task.log_parser](_FILE_STATUS_RE.sub("", run.output))[0]
+        # sympy's runner ends a file's last test line with the file's [OK]/[FAIL], unread by its parser
+        seen = PARSERS[task.log_parser](_FILE_STATUS_RE.sub("", run.output))[0]
         if not tests and run.exit_code in (126, 127):  # the shell could not find or run the command
             return GradeResult(False, {}, run.output, f"{_NOT_STARTED}: exit {run.exit_code}",
                                dropped_paths=tuple(dropped), error=True)  # fmt: skip
@@ -572,9 +572,9 @@ def grade_in(
         finished = bool(tests) and not run.timed_out
     result = _verdict(
         task, tests, messages, run.output, run.exit_code, run.timed_out, tuple(dropped), disagree,
-        {c.test_id for c in canaries},
+        {c.test_id for c in canaries}, seen,
     )  # fmt: skip
-    forged = _forged(canaries, canary_tests or tests, broken, finished)
+    forged = _forged(canaries, seen, broken, finished)
     files = {f for t in (*task.fail_to_pass, *task.pass_to_pass) if (f := t.split("::")[0]).endswith(".py")}
     uncollected = sorted(
         f for f in files if any(b in ("", ".") or f == b or f.startswith(b + "/") for b in broken)
@@ -588,8 +588,10 @@ def grade_in(
 
 def _verdict(
     task: Task, tests: dict[str, str], messages: dict[str, str], log: str, exit_code: int, timed_out: bool,
-    dropped: tuple[str, ...], disagree: str | None, canary_ids: set[str],
+    dropped: tuple[str, ...], disagree: str | None, canary_ids: set[str], seen: dict[str, str],
 ) -> GradeResult:  # fmt: skip
+    """`tests`: the statuses the task's parser reads; `seen`: every status the grader can read
+    (sympy's: also each file's last test, so a failing canary there explains a nonzero exit)."""
     graded = [*task.fail_to_pass, *task.pass_to_pass]  # the task's harness's rules: envs.parsers
     statuses = {**tests, **{t: status_of(t, tests, task.rules) for t in graded if t not in tests}}
     failing = graded_failures(task.fail_to_pass, task.pass_to_pass, tests, task.reference_statuses,
@@ -601,7 +603,7 @@ def _verdict(
         reason = "the test command timed out"
     elif disagree:
         reason = disagree
-    elif exit_code != 0 and all(s in PASSING for s in tests.values()):
+    elif exit_code != 0 and all(s in PASSING for s in seen.values()):
         reason = f"the test command exited {exit_code} although every reported test passed"
     else:
         reason = ""

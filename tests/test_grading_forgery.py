@@ -4,6 +4,7 @@ planted at grade time stand between these patches and reward 1 (envs.canaries): 
 unresolved with the `forged result` flag, on both backends; the gold patch must resolve unflagged.
 """
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -222,3 +223,16 @@ def test_canaries_for_djangos_and_sympys_runners(task_id, tmp_path):
     assert all(empty.tests[t] == "PASSED" for t in task.pass_to_pass), empty.tests
     assert not forged.resolved and forged.tamper == (FORGED,), forged.reason
     assert all(forged.tests[t] == "PASSED" for t in task.fail_to_pass)  # without canaries: reward 1
+
+
+def test_sympys_last_test_line_with_a_failing_canary_still_resolves(monkeypatch):
+    """sympy's runner suffixes a file's last test line with [FAIL], which its parser does not read:
+    with the must-fail canary planted last (seed 7), gold still resolves unflagged (the grader reads
+    that line to explain the command's nonzero exit)."""
+    import envs.grading
+
+    monkeypatch.setattr(envs.grading.secrets, "randbits", lambda bits: 7)
+    task = RUNNER_TASKS["envfix__sympyrunner-1"]
+    gold = grade(task, task.patch)
+    assert re.search(r"^test_\w+ F +\[FAIL\]$", gold.log, re.M), gold.log[-800:]  # the case at hand
+    assert gold.resolved and not gold.tamper and gold.canaries == 2, gold.reason

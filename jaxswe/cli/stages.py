@@ -40,6 +40,9 @@ def _compile_cache() -> None:
             print("jaxswe: no XLA compile cache with several CPU processes (cached executables hang in gloo)")
         return
     jax.config.update("jax_compilation_cache_dir", path)
+    # every program, not only those over jax's default 1 s: a run compiles dozens of small ones
+    # (sampler buckets, steps), and a warm rerun of the toy config takes half the time
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def _stage_command(name: str):

@@ -4,6 +4,7 @@ same log-probs; `jaxswe serve --model` and `--init-from` take stage directories.
 from __future__ import annotations
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +47,13 @@ def _run(argv, capsys):
 def test_export_loads_in_transformers_with_same_logprobs(stage, tmp_path, capsys):
     stage_dir, cfg, params, tok = stage
     out = tmp_path / "hf"
-    main(["export", str(stage_dir), str(out)])
+    umask = os.umask(0o022)
+    try:
+        main(["export", str(stage_dir), str(out)])
+    finally:
+        os.umask(umask)
+    # readable by a server running as another user: a plain mkdir's modes, not mkdtemp's 0700
+    assert {p.stat().st_mode & 0o777 for p in [out, *out.iterdir()]} == {0o755, 0o644}
     with safe_open(str(out / "model.safetensors"), "np") as f:  # bf16 by default
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118 (safe_open is not a dict)
     gen = json.loads((out / "generation_config.json").read_text())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 from typing import Annotated
 
@@ -16,6 +17,9 @@ import typer
 
 from jaxswe import __version__
 from jaxswe.errors import UserError
+
+# transformers' "PyTorch was not found" advice: jaxswe needs only its tokenizers and configs
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 # Modules that define `register(app: typer.Typer) -> None`.
 _COMMAND_MODULES: list[str] = [

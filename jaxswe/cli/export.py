@@ -6,8 +6,6 @@ from pathlib import Path
 
 import typer
 
-from jaxswe.stages.export import export_stage
-
 
 def register(app: typer.Typer) -> None:
     app.command("export")(export)
@@ -21,5 +19,7 @@ def export(
 ) -> None:
     """Export a trained stage's newest checkpoint as a Hugging Face model (weights, config.json,
     generation_config.json, tokenizer) for transformers, SGLang or `jaxswe serve`."""
+    from jaxswe.stages.export import export_stage  # jax: imported by the command, not by `--version`
+
     export_stage(stage, out, dtype=dtype, max_shard_bytes=int(max_shard_gb * 1024**3))
     typer.echo(f"wrote {out}")

@@ -7,9 +7,6 @@ from pathlib import Path
 
 import typer
 
-from jaxswe.config import load_config
-from jaxswe.plan import plan_config, render
-
 
 def register(app: typer.Typer) -> None:
     @app.command("plan")
@@ -20,6 +17,9 @@ def register(app: typer.Typer) -> None:
         stage: str | None = typer.Option(None, "--stage", help="rl or rft (default: the config's)"),
     ) -> None:
         """Per-GPU memory (params, grads, AdamW state, activations, transients) and FLOPs of a config."""
+        from jaxswe.config import load_config
+        from jaxswe.plan import plan_config, render  # jax: imported by the command, not by `--version`
+
         cfg = load_config(config, overrides)
         p, inp, what = plan_config(cfg, stage)
         if as_json:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -37,7 +38,10 @@ def _compile_cache() -> None:
         return
     if jax.process_count() > 1 and jax.default_backend() == "cpu":
         if jax.process_index() == 0:
-            print("jaxswe: no XLA compile cache with several CPU processes (cached executables hang in gloo)")
+            print(
+                "jaxswe: no XLA compile cache with several CPU processes (cached executables hang in gloo)",
+                file=sys.stderr,
+            )
         return
     jax.config.update("jax_compilation_cache_dir", path)
     # every program, not only those over jax's default 1 s: a run compiles dozens of small ones

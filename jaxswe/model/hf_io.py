@@ -406,7 +406,7 @@ def save_hf(
 
     if is_main():
         path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(broadcast(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent) if is_main() else None))
+    tmp = Path(broadcast(_new_tmp_dir(path) if is_main() else None))
     try:
         weight_map, total = {}, 0
         for file, (owner, shard) in zip(names, shards, strict=True):
@@ -421,6 +421,7 @@ def save_hf(
                 tensors[name] = np.ascontiguousarray(to_hf_layout(m.kind, ours))
             if owner == me:
                 save_file(tensors, str(tmp / file), metadata={"format": "pt"})
+                os.chmod(tmp / file, 0o666 & ~_umask())  # safetensors writes 0600
         barrier(f"save_hf files {path}")
         if is_main():
             if len(shards) > 1:
@@ -434,6 +435,20 @@ def save_hf(
             shutil.rmtree(tmp, ignore_errors=True)
     barrier(f"save_hf done {path}")
     return path
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def _new_tmp_dir(path: Path) -> str:
+    """A temporary dir beside `path` with a plain mkdir's modes: mkdtemp's 0700 would leave the
+    published model unreadable to a server that runs as another user."""
+    tmp = tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)
+    os.chmod(tmp, 0o777 & ~_umask())
+    return tmp
 
 
 def _move_into(src: Path, dst: Path) -> None:

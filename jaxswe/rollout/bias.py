@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,7 +99,7 @@ class BiasAlarm:
             "penalties or a temperature from its generation_config): RL on these samples degrades"
         )
         log.warning(message)
-        print(f"WARNING: {message}", flush=True)
+        print(f"WARNING: {message}", file=sys.stderr, flush=True)
         if self.stop:
             raise BiasedSamplingDetected(
                 message + "; stopped before training on them (rl.bias_alarm_stop=false only warns)"

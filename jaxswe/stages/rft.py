@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,10 @@ def collect_samples(ctx: StageContext, path: Path) -> list[Trajectory]:
     barrier("rft samples read")  # every process runs the same slots
     todo = [i for i in range(len(slots)) if i not in done]
     if done:
-        print(f"jaxswe rft: {len(done)}/{len(slots)} samples already collected; running {len(todo)}")
+        print(
+            f"jaxswe rft: {len(done)}/{len(slots)} samples already collected; running {len(todo)}",
+            file=sys.stderr,
+        )
     if todo:
         backend = ensure_backend(ctx)
         with path.open("a") if is_main() else contextlib.nullcontext() as out:
@@ -131,7 +135,8 @@ def run_rft(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], Any]:
     scored = [e for e in episodes if e.infra_error is None]
     print(
         f"jaxswe rft: {len(kept)}/{len(scored)} trajectories resolved; "
-        f"{len(solved)}/{len(ctx.task_ids)} tasks had at least one success"
+        f"{len(solved)}/{len(ctx.task_ids)} tasks had at least one success",
+        file=sys.stderr,
     )
     steps = num_sft_steps(len(kept), cfg.sft)
     trainer = rft_trainer(cfg, ctx.policy, steps)
@@ -144,7 +149,7 @@ def run_rft(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], Any]:
         if "summary" in meta:  # the stage finished before
             ckpts.close()
             return dict(meta["summary"]), trainer.params
-        print(f"jaxswe rft: resuming SFT after step {start} of {steps}")
+        print(f"jaxswe: resuming SFT after step {start} of {steps}", file=sys.stderr)
     metrics = MetricsLogger(stage_dir, start_step=start + 1)
     rows = run_sft(
         trainer,

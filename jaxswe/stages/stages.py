@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jaxswe.config import RunConfig, dump_config
-from jaxswe.distributed import barrier, is_main
+from jaxswe.config import RunConfig
+from jaxswe.distributed import barrier
 from jaxswe.errors import UserError
 from jaxswe.rl.loop import run_rl
 from jaxswe.stages.context import check_inputs, ensure_backend, finish_stage, open_stage
@@ -17,7 +17,14 @@ from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference
 from jaxswe.stages.evaluate import run_eval_stage
 from jaxswe.stages.rft import run_rft
 from jaxswe.stages.runtime import env_factory
-from jaxswe.stages.stage_io import load_history, read_json, write_json
+from jaxswe.stages.stage_io import (
+    check_run_dir,
+    config_changes,
+    load_history,
+    read_json,
+    record_config,
+    write_json,
+)
 from jaxswe.stages.warmstart import build_policy, run_warmstart
 
 STAGES = ("warmstart", "rft", "rl", "eval")
@@ -46,6 +53,8 @@ def run_stage(
     line at the end (stderr); return its summary (also written to summary.json)."""
     start = time.monotonic()
     stage_dir = Path(stage_dir)
+    check_run_dir(stage_dir, resume=resume)  # before anything is written into it
+    config_changes(stage_dir, cfg)
     if name == "warmstart":
         tasks, _ = check_inputs(cfg)
         _banner(name, stage_dir, None)
@@ -99,13 +108,11 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, An
         raise UserError("warmstart can only be the first stage")
     if cfg.stages[0] != "warmstart" and not (cfg.init_from or cfg.model.path or cfg.model.preset):
         raise UserError("the first stage needs a model: init_from, model.path or model.preset")
-    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
-        raise UserError(f"{run_dir} is not empty; pass --resume to continue it or choose a new --run-dir")
+    check_run_dir(run_dir, resume=resume)
+    config_changes(run_dir, cfg)
     check_inputs(cfg)
     barrier("pipeline checked")  # every process saw run_dir before process 0 writes into it
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if is_main():
-        dump_config(cfg, run_dir / "config.yaml")
+    record_config(run_dir, cfg)
     summaries: list[dict[str, Any]] = []
     previous = cfg.init_from
     for name in cfg.stages:

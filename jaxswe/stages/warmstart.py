@@ -10,6 +10,7 @@ tokens trained on are exactly the ones the agent produces and sees.
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,10 @@ def run_warmstart(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], A
     demos = asyncio.run(on_main_async(lambda: scripted_episodes(cfg, tasks, ctx.make_env, ctx.tokenizer)))
     save_jsonl(stage_dir / "trajectories" / "demonstrations.jsonl", demos)
     good = [e for e in demos if e.resolved]
-    print(f"jaxswe warmstart: {len(good)}/{len(demos)} scripted demonstrations resolve their task")
+    print(
+        f"jaxswe warmstart: {len(good)}/{len(demos)} scripted demonstrations resolve their task",
+        file=sys.stderr,
+    )
     if not good:
         first = demos[0]
         raise UserError(

@@ -123,7 +123,9 @@ def section_peaks(rows: Rows, dry: bool, peaks: dict) -> None:
     x = jnp.ones((size // 2,), jnp.bfloat16)
     scale = jax.jit(lambda x: x * 2)
     sec, _ = _timed(scale, x)
-    rows.add(f"HBM {size >> 20} MiB x*2", 2 * size / sec / 1e9, "GB/s", "bytes read + written", peak="hbm_gbs")
+    rows.add(
+        f"HBM {size >> 20} MiB x*2", 2 * size / sec / 1e9, "GB/s", "bytes read + written", peak="hbm_gbs"
+    )
 
 
 def _attention_inputs(t: int, dry: bool):

@@ -27,14 +27,19 @@ def test_pass_at_k_bad_input():
 
 
 def test_pass_at_1_interval():
+    """The union of the t interval from the per-task spread and the Wilson interval over tasks:
+    never a zero-width interval from a handful of episodes."""
     per_task = {"a": [True, True], "b": [False, False], "c": [True, False], "d": [True, True]}
     mean, lo, hi = pass_at_1_interval(per_task)
     rates = np.array([1, 0, 0.5, 1.0])
     assert mean == pytest.approx(rates.mean())
-    half = 1.96 * rates.std(ddof=1) / 2
-    assert lo == pytest.approx(max(0, rates.mean() - half)) and hi == pytest.approx(
-        min(1, rates.mean() + half)
-    )
+    half = 3.182 * rates.std(ddof=1) / 2  # Student t, 3 degrees of freedom: wider than Wilson here
+    assert (lo, hi) == pytest.approx((max(0, rates.mean() - half), min(1, rates.mean() + half)))
+    # every one of 16 tasks solved: Wilson's 16 / (16 + 1.96^2) below, not 1.0
+    mean, lo, hi = pass_at_1_interval({str(i): [True] for i in range(16)})
+    assert mean == hi == 1.0 and lo == pytest.approx(16 / (16 + 1.96**2))
+    mean, lo, hi = pass_at_1_interval({"only": [False, False]})  # one task: Wilson alone
+    assert mean == lo == 0.0 and hi == pytest.approx(1.96**2 / (1 + 1.96**2))
 
 
 def test_summarize_report():

@@ -23,16 +23,24 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def pass_at_1_interval(per_task_successes: Mapping[str, Sequence[bool]]) -> tuple[float, float, float]:
-    """Pass@1 = mean over tasks of each task's success rate over its k samples, with a 95%
-    normal interval from the spread of the per-task rates (clipped to [0, 1])."""
+    """Pass@1 = mean over tasks of each task's success rate over its samples, with a 95% interval
+    over the tasks: the union of a Student-t interval from the spread of the per-task rates and the
+    Wilson score interval of the mean over as many trials as tasks. The Wilson part keeps it honest
+    where the spread says nothing (every task solved, or one task: 16 of 16 gives 0.81-1.00, not
+    1.00-1.00); a rate in [0, 1] with mean p varies at most p(1 - p), so that part is never too
+    narrow, and with several samples a task it is the conservative side."""
     rates = np.array([np.mean(v) for v in per_task_successes.values() if len(v)], np.float64)
     if rates.size == 0:
         return 0.0, 0.0, 0.0
-    mean = float(rates.mean())
-    if rates.size == 1:
-        return mean, mean, mean
-    half = 1.96 * float(rates.std(ddof=1)) / math.sqrt(rates.size)
-    return mean, max(0.0, mean - half), min(1.0, mean + half)
+    mean, n = float(rates.mean()), rates.size
+    z2 = 1.96**2
+    center = (mean + z2 / (2 * n)) / (1 + z2 / n)
+    wilson = 1.96 * math.sqrt(mean * (1 - mean) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    lo, hi = center - wilson, center + wilson
+    if n > 1:
+        half = t975(n - 1) * float(rates.std(ddof=1)) / math.sqrt(n)
+        lo, hi = min(lo, mean - half), max(hi, mean + half)
+    return mean, max(0.0, lo), min(1.0, hi)
 
 
 # Student t 0.975 quantiles by degrees of freedom (a df between two keys takes the lower key's, the

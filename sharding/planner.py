@@ -255,7 +255,19 @@ def plan(inp: PlanInput) -> Plan:
     fits = max(per_device["total"], recompute["total"]) <= usable
     items = {k: v for k, v in per_device.items() if k != "total"}
     biggest = max(items, key=items.get)
-    advice = "fits" if fits else _advice(biggest, largest, inp, sizes)
+    # what shards over every device and no batch setting shrinks
+    state = per_device["params"] + per_device["grads"] + per_device["optimizer"]
+    if fits:
+        advice = "fits"
+    elif state > usable:
+        least = -(-state * devices // usable)
+        advice = (
+            f"params, gradients and AdamW state alone need {state / 1e9:.0f} of {usable / 1e9:.0f} GB "
+            f"a device: at least {least} devices ({-(-least // 8)} hosts of 8; now {devices}), "
+            "whatever the batch settings"
+        )
+    else:
+        advice = _advice(biggest, largest, inp, sizes)
 
     tokens = inp.rows * inp.seq_len
     matmul_params = m.num_params() - (0 if m.tie else m.vocab * m.hidden) - m.layers * 2 * m.hidden

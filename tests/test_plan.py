@@ -31,8 +31,12 @@ def test_qwen72b_param_count_and_stage2_fits():
 
 
 def test_plan_says_what_to_change_when_it_does_not_fit():
-    p = plan(PlanInput(QWEN72, {"data": 1, "fsdp": 8, "context": 1, "tensor": 1}, seq_len=131072, rows=8))
+    p = plan(PlanInput(QWEN72, {"data": 1, "fsdp": 16, "context": 1, "tensor": 1}, seq_len=131072, rows=16))
     assert not p.fits and p.biggest == "activations" and "context" in p.advice
+    # on one host of 8 the float32 masters, gradients and AdamW state alone (145 GB a GPU) do not
+    # fit: no batch setting helps, so the advice is the least device count
+    p = plan(PlanInput(QWEN72, {"data": 1, "fsdp": 8, "context": 1, "tensor": 1}, seq_len=131072, rows=8))
+    assert not p.fits and "need 145 of 127 GB a device: at least 10 devices (2 hosts of 8" in p.advice
     with pytest.raises(ShardingError, match="micro-batches"):
         plan(PlanInput(QWEN72, {"fsdp": 16}, seq_len=1024, rows=24, num_micro=1))
 

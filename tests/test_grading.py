@@ -154,8 +154,10 @@ def _cli(argv: list[str]) -> int:
 
 def test_cli_validate_and_filter(tmp_path, capsys):
     assert _cli(["tasks", "validate", str(DATA), "--workers", "2"]) == 0
-    lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    out, err = capsys.readouterr()
+    lines = [json.loads(ln) for ln in out.splitlines()]  # JSON alone on stdout; progress and tally on stderr
     assert [(r["instance_id"], r["ok"]) for r in lines] == [("calc__add", True), ("words__snake", True)]
+    assert "2/2" in err and "2 tasks: 2 valid, 0 invalid, 0 infrastructure failures" in err, err
     out = tmp_path / "kept.jsonl"
     assert _cli(["tasks", "filter", str(DATA), "--out", str(out), "--no-tests", "--max-lines", "3"]) == 0
     dropped = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
@@ -169,7 +171,9 @@ def test_cli_validate_and_filter(tmp_path, capsys):
     broken = load_tasks(DATA)[0].to_record() | {"patch": ""}
     (tmp_path / "broken.jsonl").write_text(json.dumps(broken) + "\n")
     assert _cli(["tasks", "validate", str(tmp_path / "broken.jsonl")]) == 1
-    assert json.loads(capsys.readouterr().out)["reason"].startswith("gold patch does not resolve")
+    out, err = capsys.readouterr()
+    assert json.loads(out)["reason"].startswith("gold patch does not resolve")
+    assert "1 task: 0 valid, 1 invalid, 0 infrastructure failures" in err, err
 
 
 def test_upstream_tolerance_for_what_the_gold_patch_changes_and_setup_cfg(tasks, tmp_path):

@@ -30,12 +30,21 @@ def validate(
     tasks, backends = _load(file)
     if backend not in backends:
         raise UserError(f"--backend must be one of {', '.join(backends)}, got {backend!r}")
-    failed = 0
-    for result in validate_many(tasks, runs=runs, backend=backend, workers=workers, test_timeout=timeout):
-        failed += not result.ok
-        print(json.dumps(result.to_json()), flush=True)
-    if failed:
-        print(f"{failed} of {len(tasks)} tasks failed validation", file=sys.stderr)
+    from tqdm import tqdm
+
+    tally = {"valid": 0, "invalid": 0, "infrastructure": 0}
+    results = validate_many(tasks, runs=runs, backend=backend, workers=workers, test_timeout=timeout)
+    with tqdm(results, total=len(tasks), desc="validate", unit="task", file=sys.stderr) as bar:
+        for result in bar:
+            tally["valid" if result.ok else "infrastructure" if result.infrastructure else "invalid"] += 1
+            bar.set_postfix(tally)
+            print(json.dumps(result.to_json()), flush=True)
+    print(
+        f"jaxswe: {len(tasks)} task{'s' * (len(tasks) != 1)}: {tally['valid']} valid, {tally['invalid']} invalid, "
+        f"{tally['infrastructure']} infrastructure failures (the environment, not the patches)",
+        file=sys.stderr,
+    )
+    if tally["valid"] < len(tasks):
         raise SystemExit(1)  # click (standalone_mode=False) would turn typer.Exit into a return value
 
 

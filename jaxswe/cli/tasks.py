@@ -40,8 +40,9 @@ def validate(
             bar.set_postfix(tally)
             print(json.dumps(result.to_json()), flush=True)
     print(
-        f"jaxswe: {len(tasks)} task{'s' * (len(tasks) != 1)}: {tally['valid']} valid, {tally['invalid']} invalid, "
-        f"{tally['infrastructure']} infrastructure failures (the environment, not the patches)",
+        f"jaxswe: {len(tasks)} task{'s' * (len(tasks) != 1)}: {tally['valid']} valid, "
+        f"{tally['invalid']} invalid, {tally['infrastructure']} infrastructure failures "
+        "(the environment, not the patches)",
         file=sys.stderr,
     )
     if tally["valid"] < len(tasks):

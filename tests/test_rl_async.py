@@ -6,8 +6,11 @@ ratio, stale groups are not trained, and `jaxswe rl ... --set rl.max_staleness=1
 import asyncio
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -23,16 +26,6 @@ from jaxswe.run.metrics import read_rows
 ROOT = Path(__file__).parent.parent
 CONFIG = ROOT / "configs" / "toy-rl.yaml"
 REFERENCE = json.loads((Path(__file__).parent / "data" / "rl_sync_reference.json").read_text())
-
-
-def _cli_rl(run_dir: Path, *sets: str, timeout: int = 900) -> list[dict]:
-    """`jaxswe rl --config configs/toy-rl.yaml` in its own process on one CPU device."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    argv = [sys.executable, "-m", "jaxswe", "rl", "--config", str(CONFIG), "--run-dir", str(run_dir)]
-    argv += [a for s in sets for a in ("--set", s)]
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return read_rows(run_dir / "metrics.jsonl")
 
 
 def _episode(task: str, versions: list[int], resolved: bool, logprobs: list[float] | None = None):
@@ -56,13 +49,37 @@ def _timing(key: str) -> bool:
     return key.startswith("time_") or key.endswith("_per_s")
 
 
-def test_k0_reproduces_the_synchronous_loop_rows(tmp_path):
+def test_k0_reproduces_the_synchronous_loop_rows_through_ctrl_c_and_resume(tmp_path):
     """3 iterations at max_staleness 0 through the pump give the rows the separate synchronous
     collector wrote before it was deleted (same seed, one CPU device, dynamic sampling's resample
     rounds; tests/data/rl_sync_reference.json says how they were made, also without resampling:
-    its first round is this run's)."""
+    its first round is this run's). The run is stopped with Ctrl-C (SIGINT) after iteration 1: it
+    exits 130 within seconds with the curves so far and one line holding the exact --resume
+    command, and that command finishes the run with the same rows."""
     sets = ("seed=1", "rl.iterations=3", "rl.max_staleness=0")  # the reference's settings
-    rows = _cli_rl(tmp_path / "rl", *sets, "rl.resample_to_fill=true", "rl.max_resample_rounds=2")
+    sets += ("rl.resample_to_fill=true", "rl.max_resample_rounds=2")
+    run_dir = tmp_path / "rl"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    argv = ["rl", "--config", str(CONFIG), "--run-dir", str(run_dir)]
+    argv += [a for s in sets for a in ("--set", s)]
+    log = tmp_path / "stderr.txt"  # a file: no pipe fills while the test waits
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "jaxswe", *argv], env=env, cwd=ROOT, stderr=out)
+    while len(read_rows(run_dir / "metrics.jsonl")) < 1:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    err = log.read_text()
+    assert proc.returncode == 130, err[-3000:]
+    (hint,) = [line for line in err.splitlines() if line.startswith("jaxswe: interrupted")]
+    again = shlex.split(hint.split("continue with: ", 1)[1])
+    assert again == ["jaxswe", *argv, "--resume"], hint
+    assert (run_dir / "plots" / "rl_curves.png").is_file() and not (run_dir / "summary.json").exists()
+    assert len(read_rows(run_dir / "metrics.jsonl")) < 3
+    done = subprocess.run([sys.executable, "-m", *again], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and "resuming RL from iteration" in done.stderr, done.stderr[-3000:]
+    rows = read_rows(run_dir / "metrics.jsonl")
     want = REFERENCE["rows"]["resample"]
     assert len(rows) == len(want) == 3
     for got, ref in zip(rows, want, strict=True):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import shlex
 import sys
 from typing import Annotated
 
@@ -89,16 +90,27 @@ def build_app() -> typer.Typer:
     return app
 
 
+_STAGE_COMMANDS = ("warmstart", "rft", "rl", "eval", "pipeline")
+
+
+def _resume_hint(args: list[str]) -> str:
+    if not args or args[0] not in _STAGE_COMMANDS or "--run-dir" not in args:
+        return ""
+    again = args if "--resume" in args else [*args, "--resume"]
+    return f"; continue with: jaxswe {shlex.join(again)}"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script and `python -m jaxswe`."""
+    args = list(sys.argv[1:] if argv is None else argv)
     build_app()
     try:
-        code = app(args=argv, prog_name="jaxswe", standalone_mode=False)  # typer.Exit(n) comes back as n here
+        code = app(args=args, prog_name="jaxswe", standalone_mode=False)  # typer.Exit(n) comes back as n here
     except _user_error_types() as err:
         print(f"jaxswe: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    except typer.Abort:
-        print("jaxswe: aborted", file=sys.stderr)
+    except (typer.Abort, KeyboardInterrupt):
+        print(f"jaxswe: interrupted{_resume_hint(args)}", file=sys.stderr)
         raise SystemExit(130) from None
     except _click_error_types() as err:
         if type(err).__name__ == "NoArgsIsHelpError":  # `jaxswe` or `jaxswe tasks` alone: the help
@@ -106,5 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             print(_usage_line(err), file=sys.stderr)
         raise SystemExit(2) from None
+    if code == 130:  # Ctrl-C (typer's exit code for KeyboardInterrupt): the stage stopped cleanly
+        print(f"jaxswe: interrupted{_resume_hint(args)}", file=sys.stderr)
     if isinstance(code, int) and code:
         raise SystemExit(code)

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from jaxswe.config import RunConfig
-from jaxswe.distributed import barrier
+from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
 from jaxswe.rl.loop import run_rl
+from jaxswe.run.plots import plot_metrics
 from jaxswe.stages.context import check_inputs, ensure_backend, finish_stage, open_stage
 from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference
 from jaxswe.stages.evaluate import run_eval_stage
@@ -51,10 +52,22 @@ def run_stage(
 ) -> dict[str, Any]:
     """Run one stage into `stage_dir`: a one-line banner once its inputs are checked, its result
     line at the end (stderr); return its summary (also written to summary.json)."""
-    start = time.monotonic()
     stage_dir = Path(stage_dir)
     check_run_dir(stage_dir, resume=resume)  # before anything is written into it
     config_changes(stage_dir, cfg)
+    try:
+        return _run_stage(name, cfg, stage_dir, init_from=init_from, resume=resume)
+    except KeyboardInterrupt:  # Ctrl-C: the curves so far (no summary.json: the stage is not done)
+        metrics = stage_dir / "metrics.jsonl"
+        if is_main() and metrics.is_file() and name != "eval":
+            plot_metrics(metrics, stage_dir / "plots" / f"{name}_curves.png", title=f"{name} (interrupted)")
+        raise
+
+
+def _run_stage(
+    name: str, cfg: RunConfig, stage_dir: Path, *, init_from: str | None, resume: bool
+) -> dict[str, Any]:
+    start = time.monotonic()
     if name == "warmstart":
         tasks, _ = check_inputs(cfg)
         _banner(name, stage_dir, None)

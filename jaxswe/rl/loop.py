@@ -149,6 +149,16 @@ def filter_tasks(ctx: StageContext, history_from: str | None) -> dict[str, int] 
     return counts
 
 
+def iteration_line(step: int, iterations: int, row: dict[str, Any]) -> str:
+    """One console line per iteration, from its metrics row."""
+    stale = f", staleness max {row['staleness_max']}" if "staleness_max" in row else ""
+    return (
+        f"jaxswe rl {step}/{iterations}: pass rate {row['pass_rate']:.2f}, "
+        f"reward {row['reward_mean']:+.2f}, kept groups {row['groups_kept']}/{row['groups_total']}, "
+        f"{row.get('tokens_per_s') or 0:.0f} tokens/s{stale}, {row['time_iteration_s']:.1f} s"
+    )
+
+
 def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) -> dict[str, Any]:
     """Run (or resume) the configured number of iterations in an opened stage (its tasks filtered
     by `filter_tasks`); return the stage summary (written by `finish_stage`).
@@ -195,11 +205,14 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
                 desc="rl",
                 initial=start,
                 total=cfg.rl.iterations,
-                disable=not is_main(),  # one progress bar per run, not per process
+                # one bar per run, not per process, and only on a terminal: in a log file a bar is
+                # one endless line, and the per-iteration lines say it all
+                disable=not (is_main() and sys.stderr.isatty()),
             )
             for step in bar:
                 row, history = runner.run(rl_iteration(ctx, pump, ckpts, metrics, history, step))
-                bar.set_postfix(reward=f"{row['reward_mean']:.2f}", passed=f"{row['pass_rate']:.2f}")
+                if is_main():
+                    bar.write(iteration_line(step, cfg.rl.iterations, row), file=sys.stderr)
         finally:
             if pump is not None:
                 runner.run(pump.stop())

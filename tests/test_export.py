@@ -88,11 +88,15 @@ def test_serve_and_init_from_take_a_stage_dir(stage, tmp_path, capsys):
     from jaxswe.rollout.weights import load_model
 
     stage_dir, cfg, params, _ = stage
-    for path in (stage_dir, stage_dir / "checkpoints"):
+    older = stage_dir.parent / "rft" / "checkpoints"  # an earlier stage of the run
+    (older / "1").mkdir(parents=True)
+    os.utime(older, (0, 0))
+    for path in (stage_dir, stage_dir / "checkpoints", stage_dir.parent):  # the run dir: its newest stage
         served_cfg, served = load_model(path, dtype="float32")
         assert served_cfg.remat == "none" and served_cfg.num_layers == cfg.num_layers
         for a, b in zip(jax.tree.leaves(served), jax.tree.leaves(params), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert "holds stages; using the newest, rl" in capsys.readouterr().err
 
     config = tmp_path / "c.yaml"
     config.write_text("stages: [eval]\n")

@@ -103,12 +103,22 @@ class Checkpoints:
 
 
 def find_checkpoint_dir(path: str | Path) -> Path:
-    """Resolve a stage dir, a run dir's stage dir, or a checkpoints dir to its checkpoints dir.
+    """Resolve a stage dir, a checkpoints dir, or a pipeline's run dir (its newest stage, named on
+    stderr) to the checkpoints dir.
 
     Raises CheckpointError naming the path when it holds no committed checkpoint.
     """
+
+    def holds(candidate: Path) -> bool:
+        return candidate.is_dir() and any(p.name.isdigit() for p in candidate.iterdir())
+
     path = Path(path)
     for candidate in (path, path / "checkpoints"):
-        if candidate.is_dir() and any(p.name.isdigit() for p in candidate.iterdir()):
+        if holds(candidate):
             return candidate.absolute()
-    raise CheckpointError(f"{path}: no checkpoint found (expected a stage run dir or its checkpoints/)")
+    stages = [d / "checkpoints" for d in path.iterdir() if holds(d / "checkpoints")] if path.is_dir() else []
+    if stages:
+        newest = max(stages, key=lambda c: c.stat().st_mtime)
+        print(f"jaxswe: {path} holds stages; using the newest, {newest.parent.name}", file=sys.stderr)
+        return newest.absolute()
+    raise CheckpointError(f"{path}: no checkpoint found (expected a run dir, a stage dir or checkpoints/)")

@@ -12,17 +12,30 @@ import typer
 
 from jaxswe.config import load_config
 
-ConfigOpt = Annotated[Path, typer.Option("--config", help="YAML config (configs/*.yaml)")]
-RunDirOpt = Annotated[Path, typer.Option("--run-dir", help="where the run writes everything")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override section.key=value (repeatable)")]
+ConfigOpt = Annotated[Path, typer.Option("--config", metavar="FILE", help="YAML config (configs/*.yaml)")]
+RunDirOpt = Annotated[Path, typer.Option("--run-dir", metavar="DIR", help="where the run writes everything")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", metavar="KEY=VALUE", help="override section.key=value (repeatable)"),
+]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="continue from the last complete checkpoint")]
 CoordinatorOpt = Annotated[
-    str | None, typer.Option("--coordinator", help="HOST:PORT of process 0 (multi-process runs)")
+    str | None,
+    typer.Option("--coordinator", metavar="HOST:PORT", help="HOST:PORT of process 0 (multi-process runs)"),
 ]
-NumProcessesOpt = Annotated[int | None, typer.Option("--num-processes", help="JAX processes in the run")]
-ProcessIdOpt = Annotated[int | None, typer.Option("--process-id", help="this process's index, 0..N-1")]
+NumProcessesOpt = Annotated[
+    int | None, typer.Option("--num-processes", metavar="N", help="JAX processes in the run")
+]
+ProcessIdOpt = Annotated[
+    int | None, typer.Option("--process-id", metavar="I", help="this process's index, 0..N-1")
+]
 InitFromOpt = Annotated[
-    str | None, typer.Option("--init-from", help="start from this stage dir (RUN_DIR/rl) or its checkpoints/")
+    str | None,
+    typer.Option(
+        "--init-from",
+        metavar="DIR",
+        help="start from this run dir (its newest stage), stage dir or checkpoints/",
+    ),
 ]
 
 

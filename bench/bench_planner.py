@@ -38,16 +38,22 @@ def child(config: str, backend: str, dump: str) -> None:
     """Compile one config and print {"step": ..., "recompute": ...} as one JSON line."""
     import jax
 
-    from jaxswe.compiled_memory import compile_memory, config_devices, cuda_devices, peak_items
+    from jaxswe.compiled_memory import compile_memory, config_devices, cuda_devices, peak_items, trainer_model
     from jaxswe.config import load_config
+    from sharding.flash import IMPLS, resolve_impl
 
     cfg = load_config(config)
     n = config_devices(cfg)
     devices = cuda_devices(n) if backend == "cuda" else jax.devices()[:n]
-    out = {k: v.to_json() for k, v in compile_memory(cfg, devices).items()}
+    out: dict = {k: v.to_json() for k, v in compile_memory(cfg, devices).items()}
+    kind = trainer_model(cfg).attention  # the kernel the target compiles ("auto" resolved for it)
+    out["attention"] = resolve_impl(kind, devices) if kind in IMPLS else kind
     for key, module in (("step", "jit_step"), ("recompute", "jit_run")):
         ranges = sorted(Path(dump).glob(f"*{module}*live-range.txt"))
         out[key]["peak_items"] = peak_items(ranges[-1].read_text()) if ranges else {}
+        # data-dependent branches in the optimized program: each one is a host sync on a GPU
+        hlo = sorted(Path(dump).glob(f"*{module}*after_optimizations.txt"))
+        out[key]["conditionals"] = hlo[-1].read_text().count(" conditional(") if hlo else None
     print(json.dumps(out))
 
 
@@ -109,9 +115,13 @@ def rows_of(config: Path, compiled: dict) -> list[tuple[str, float, float]]:
     return rows
 
 
-def table(config: Path, rows: list[tuple[str, float, float]]) -> str:
+def table(config: Path, rows: list[tuple[str, float, float]], compiled: dict) -> str:
+    branches = ", ".join(f"{k} {compiled[k].get('conditionals', '?')}" for k in ("step", "recompute"))
     lines = [
         f"### {config.parent.name}/{config.name}",
+        "",
+        f"Attention kernel compiled: {compiled.get('attention', '?')}; conditionals in the optimized HLO: "
+        f"{branches}.",
         "",
         "| item | planner GB | compiler GB | planner / compiler |",
         "|---|---:|---:|---:|",
@@ -141,7 +151,7 @@ def main() -> None:
         if compiled is None:
             continue
         results[str(config)] = compiled
-        print(table(config, rows_of(config, compiled)) + "\n", flush=True)
+        print(table(config, rows_of(config, compiled), compiled) + "\n", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, sort_keys=True))
 

@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from sharding.errors import ShardingError
-from sharding.flash import flash_attention, resolve_impl
+from sharding.flash import flash_attention, on_nvidia_gpu, resolve_impl
 from sharding.logical import Rules
 from sharding.rules import spec_for_shape
 
@@ -89,7 +89,9 @@ def make_context_attention(
     """
     if kind not in ("ring", "allgather"):
         raise ShardingError(f"context attention kind must be 'ring' or 'allgather', got {kind!r}")
-    impl = resolve_impl(impl)
+    targets = list(mesh.devices.flat)  # "auto" is for the devices compiled for, not the host
+    impl = resolve_impl(impl, targets)
+    interpret = not on_nvidia_gpu(targets)  # the fused kernel off NVIDIA GPUs: Pallas's interpreter
     axes = context_axes(mesh, rules)
     n = context_size(mesh, rules)
     sizes = dict(mesh.shape)
@@ -108,6 +110,7 @@ def make_context_attention(
             block_q=block,
             block_kv=block,
             impl=impl,
+            interpret=interpret,
         )
         if n == 1:
             return flash(k, v, kpos, kseg)[0]

@@ -17,6 +17,7 @@ mode) or "auto" (pallas on NVIDIA GPUs, else blockwise).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import chex
 import jax
@@ -28,19 +29,22 @@ from sharding.pallas_flash import NEG, Blocks, pad_axis, pallas_flash_attention
 IMPLS = ("auto", "blockwise", "pallas")
 
 
-def on_nvidia_gpu() -> bool:
-    """Whether the default backend is CUDA (where the fused Pallas kernels lower through Triton)."""
-    if jax.default_backend() != "gpu":
+def on_nvidia_gpu(devices: Sequence[jax.Device] | None = None) -> bool:
+    """Whether `devices` (default: the default backend's) are NVIDIA GPUs, real or compile-only (a
+    deviceless topology's), where the fused Pallas kernels lower through Triton."""
+    device = list(devices if devices is not None else jax.devices())[0]
+    if device.platform != "gpu":
         return False
-    return "cuda" in jax.devices()[0].client.platform_version.lower()
+    return "nvidia" in device.device_kind.lower() or "cuda" in device.client.platform_version.lower()
 
 
-def resolve_impl(impl: str) -> str:
-    """ "auto" -> "pallas" on NVIDIA GPUs, else "blockwise"; other names are checked and returned."""
+def resolve_impl(impl: str, devices: Sequence[jax.Device] | None = None) -> str:
+    """ "auto" -> "pallas" when `devices` (the compile target; default: the default backend's) are
+    NVIDIA GPUs, else "blockwise"; other names are checked and returned."""
     if impl not in IMPLS:
         raise ShardingError(f"flash attention impl {impl!r} not in {IMPLS}")
     if impl == "auto":
-        return "pallas" if on_nvidia_gpu() else "blockwise"
+        return "pallas" if on_nvidia_gpu(devices) else "blockwise"
     return impl
 
 
@@ -210,12 +214,14 @@ def flash_attention(
     block_kv: int = 512,
     impl: str = "auto",
     pallas_blocks: Blocks = Blocks(),
+    interpret: bool | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Masked causal attention -> (out [B, T, H, D] in q's dtype, lse [B, T, H] float32).
 
     Rows that see no key (padding, segment 0) give out 0 and lse NEG. Blockwise: blocks are
     min(block, length) and lengths are padded to a multiple (segment 0: invisible), so memory stays
-    O(T * block) for any T. `pallas_blocks` tiles the fused path.
+    O(T * block) for any T. `pallas_blocks` tiles the fused path; `interpret` runs it in Pallas's
+    interpreter (default: unless the default backend is an NVIDIA GPU).
     """
     chex.assert_rank([q_bthd, k_bshd, v_bshd], 4)
     chex.assert_equal_shape([k_bshd, v_bshd])
@@ -236,7 +242,7 @@ def flash_attention(
             kv_segment_ids=kv_segment_ids,
             scale=scale,
             blocks=pallas_blocks,
-            interpret=not on_nvidia_gpu(),
+            interpret=not on_nvidia_gpu() if interpret is None else interpret,
         )
     t, s = q_bthd.shape[1], k_bshd.shape[1]
     bq, bk = min(block_q, t), min(block_kv, s)

@@ -5,6 +5,8 @@ padding, GQA ratios 1, 4 and 7, lengths that are no multiple of the blocks; cont
 attention on top of it; and the real GPU lowering (Triton IR for CUDA, built here without a GPU).
 """
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -135,6 +137,10 @@ def test_lowers_to_triton_for_cuda_at_qwen_shapes():
 
 def test_impl_selection():
     assert resolve_impl("auto") == "blockwise"  # this machine has no NVIDIA GPU
+    # "auto" follows the compile target: a deviceless H200 topology's devices (what
+    # bench/bench_planner.py compiles for) get the fused kernel, this host's CPU devices do not
+    h200 = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H200")
+    assert resolve_impl("auto", [h200]) == "pallas" and resolve_impl("auto", jax.devices()) == "blockwise"
     assert resolve_impl("pallas") == "pallas"
     with pytest.raises(ShardingError, match="impl"):
         resolve_impl("cuda")

@@ -48,7 +48,7 @@ def test_unknown_config_key_is_named(tmp_path):
         (["rl", "--config", "c.yaml"], "Missing option '--run-dir'."),
         (["bogus"], "No such command 'bogus'. (see 'jaxswe --help')"),
         (["rl", "--bogus"], "No such option: --bogus"),
-        (["tasks", "validate"], "Missing argument 'file'. (see 'jaxswe tasks validate --help')"),
+        (["tasks", "validate"], "Missing argument 'FILE'. (see 'jaxswe tasks validate --help')"),
         (["plan", "--config"], "Option '--config' requires an argument."),
     ],
 )

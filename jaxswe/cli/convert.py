@@ -16,13 +16,17 @@ def register(app: typer.Typer) -> None:
 
 
 def convert(
-    src: Path = typer.Argument(..., help="Hugging Face model dir (config.json + *.safetensors) or Orbax dir"),
-    dst: Path = typer.Argument(..., help="output directory (must not exist)"),
-    to: str = typer.Option(..., "--to", help="target format: orbax or hf"),
-    dtype: str | None = typer.Option(
-        None, help="dtype written: float32 or bfloat16 (default bfloat16 for hf, float32 for orbax)"
+    src: Path = typer.Argument(
+        ..., metavar="SRC", help="Hugging Face model dir (config.json + *.safetensors) or Orbax dir"
     ),
-    max_shard_gb: float = typer.Option(5.0, help="largest safetensors file when writing hf"),
+    dst: Path = typer.Argument(..., metavar="DST", help="output directory (must not exist)"),
+    to: str = typer.Option(..., "--to", metavar="FORMAT", help="target format: orbax or hf"),
+    dtype: str | None = typer.Option(
+        None,
+        metavar="DTYPE",
+        help="dtype written: float32 or bfloat16 (default bfloat16 for hf, float32 for orbax)",
+    ),
+    max_shard_gb: float = typer.Option(5.0, metavar="GB", help="largest safetensors file when writing hf"),
 ) -> None:
     """Convert weights between Hugging Face safetensors and an Orbax checkpoint (config.json kept)."""
     import jax.numpy as jnp

@@ -12,10 +12,18 @@ def register(app: typer.Typer) -> None:
 
 
 def export(
-    stage: Path = typer.Argument(..., help="a stage dir (RUN_DIR/rl) or its checkpoints/ dir"),
-    out: Path = typer.Argument(..., help="the Hugging Face directory to write (must not exist)"),
-    dtype: str = typer.Option("bfloat16", "--dtype", help="weights written: bfloat16 or float32"),
-    max_shard_gb: float = typer.Option(5.0, "--max-shard-gb", help="largest safetensors file"),
+    stage: Path = typer.Argument(
+        ...,
+        metavar="RUN_OR_STAGE_DIR",
+        help="a run dir (its newest stage), a stage dir or its checkpoints/ dir",
+    ),
+    out: Path = typer.Argument(
+        ..., metavar="OUT", help="the Hugging Face directory to write (must not exist)"
+    ),
+    dtype: str = typer.Option(
+        "bfloat16", "--dtype", metavar="DTYPE", help="weights written: bfloat16 or float32"
+    ),
+    max_shard_gb: float = typer.Option(5.0, "--max-shard-gb", metavar="GB", help="largest safetensors file"),
 ) -> None:
     """Export a trained stage's newest checkpoint as a Hugging Face model (weights, config.json,
     generation_config.json, tokenizer) for transformers, SGLang or `jaxswe serve`."""

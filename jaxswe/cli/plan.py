@@ -11,10 +11,14 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
-        config: Path = typer.Option(..., "--config", help="run config YAML"),
-        overrides: list[str] = typer.Option([], "--set", help="section.key=value override (repeatable)"),
-        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-        stage: str | None = typer.Option(None, "--stage", help="rl or rft (default: the config's)"),
+        config: Path = typer.Option(..., "--config", metavar="FILE", help="run config YAML"),
+        overrides: list[str] = typer.Option(
+            [], "--set", metavar="KEY=VALUE", help="section.key=value override (repeatable)"
+        ),
+        as_json: bool = typer.Option(False, "--json", metavar="JSON", help="print one JSON object"),
+        stage: str | None = typer.Option(
+            None, "--stage", metavar="STAGE", help="rl or rft (default: the config's)"
+        ),
     ) -> None:
         """Per-GPU memory (params, grads, AdamW state, activations, transients) and FLOPs of a config."""
         from jaxswe.config import load_config

@@ -18,15 +18,24 @@ def register(app: typer.Typer) -> None:
 
 def serve(
     model: Path = typer.Option(
-        ..., "--model", help="Hugging Face model dir, Orbax checkpoint dir, or a stage dir (RUN_DIR/rl)"
+        ...,
+        "--model",
+        metavar="DIR",
+        help="Hugging Face model dir, Orbax checkpoint dir, or a stage dir (RUN_DIR/rl)",
     ),
-    host: str = typer.Option("127.0.0.1", help="address to listen on"),
-    port: int = typer.Option(30000, help="port to listen on (0: any free port)"),
-    dtype: str = typer.Option("float32", help="compute and KV-cache dtype: float32 or bfloat16"),
-    max_batch: int = typer.Option(16, help="most requests decoded together"),
-    max_context: int | None = typer.Option(None, help="context length (default: the model's)"),
-    seed: int = typer.Option(0, help="sampling PRNG seed"),
-    weight_version: str = typer.Option("default", help="initial weight version (meta_info.weight_version)"),
+    host: str = typer.Option("127.0.0.1", metavar="HOST", help="address to listen on"),
+    port: int = typer.Option(30000, metavar="PORT", help="port to listen on (0: any free port)"),
+    dtype: str = typer.Option(
+        "float32", metavar="DTYPE", help="compute and KV-cache dtype: float32 or bfloat16"
+    ),
+    max_batch: int = typer.Option(16, metavar="N", help="most requests decoded together"),
+    max_context: int | None = typer.Option(
+        None, metavar="TOKENS", help="context length (default: the model's)"
+    ),
+    seed: int = typer.Option(0, metavar="SEED", help="sampling PRNG seed"),
+    weight_version: str = typer.Option(
+        "default", metavar="VERSION", help="initial weight version (meta_info.weight_version)"
+    ),
 ) -> None:
     """Serve SGLang's native API: /generate, /health, /model_info, /server_info, /flush_cache,
     /update_weights_from_disk, /pause_generation, /continue_generation, /abort_request."""

@@ -103,7 +103,7 @@ def pipeline(
     num_processes: NumProcessesOpt = None,
     process_id: ProcessIdOpt = None,
 ) -> None:
-    """Run the config's stages in order (e.g. warmstart -> rft -> rl -> eval), each in RUN_DIR/<stage>."""
+    """Run the config's stages in order, each in RUN_DIR/<stage> (warmstart, rft, rl, eval)."""
     cfg = load_config(config, set_ or [])
     from jaxswe.distributed import initialize
     from jaxswe.stages.stages import run_pipeline

@@ -18,11 +18,17 @@ def _load(file: str):
 
 
 def validate(
-    file: str = typer.Argument(..., help="task file (.json/.jsonl), a built-in task directory, or `builtin`"),
-    runs: int = typer.Option(1, "--runs", min=1, help="gold-patch runs per task (flakiness check)"),
-    backend: str = typer.Option("local", "--backend", help="local | docker"),
-    workers: int = typer.Option(1, "--workers", min=1, help="tasks validated at once"),
-    timeout: float = typer.Option(600.0, "--timeout", help="seconds allowed for one test run"),
+    file: str = typer.Argument(
+        ..., metavar="FILE", help="task file (.json/.jsonl), a built-in task directory, or `builtin`"
+    ),
+    runs: int = typer.Option(
+        1, "--runs", metavar="N", min=1, help="gold-patch runs per task (flakiness check)"
+    ),
+    backend: str = typer.Option("local", "--backend", metavar="BACKEND", help="local | docker"),
+    workers: int = typer.Option(1, "--workers", metavar="N", min=1, help="tasks validated at once"),
+    timeout: float = typer.Option(
+        600.0, "--timeout", metavar="SECONDS", help="seconds allowed for one test run"
+    ),
 ) -> None:
     """Gold patch resolves, empty patch does not, stable over --runs: one JSON line per task."""
     from envs.validate import validate_many
@@ -50,18 +56,24 @@ def validate(
 
 
 def filter_(
-    file: str = typer.Argument(..., help="task file (.json/.jsonl), a built-in task directory, or `builtin`"),
-    out: Path = typer.Option(..., "--out", help="JSONL file for the kept task records"),
-    runs: int = typer.Option(1, "--runs", min=1, help="gold-patch runs per task (flakiness check)"),
-    backend: str = typer.Option("local", "--backend", help="local | docker"),
-    workers: int = typer.Option(1, "--workers", min=1, help="tasks validated at once"),
+    file: str = typer.Argument(
+        ..., metavar="FILE", help="task file (.json/.jsonl), a built-in task directory, or `builtin`"
+    ),
+    out: Path = typer.Option(..., "--out", metavar="FILE", help="JSONL file for the kept task records"),
+    runs: int = typer.Option(
+        1, "--runs", metavar="N", min=1, help="gold-patch runs per task (flakiness check)"
+    ),
+    backend: str = typer.Option("local", "--backend", metavar="BACKEND", help="local | docker"),
+    workers: int = typer.Option(1, "--workers", metavar="N", min=1, help="tasks validated at once"),
     max_files: int = typer.Option(
-        7, "--max-files", help="keep gold patches changing at most this many files"
+        7, "--max-files", metavar="N", help="keep gold patches changing at most this many files"
     ),
     max_lines: int = typer.Option(
-        500, "--max-lines", help="keep gold patches changing fewer lines than this"
+        500, "--max-lines", metavar="N", help="keep gold patches changing fewer lines than this"
     ),
-    no_tests: bool = typer.Option(False, "--no-tests", help="size filters only; run no tests"),
+    no_tests: bool = typer.Option(
+        False, "--no-tests", metavar="NO_TESTS", help="size filters only; run no tests"
+    ),
 ) -> None:
     """The paper's task filters; kept records go to --out, one JSON line per dropped task to stdout."""
     from envs import filter_tasks
@@ -82,20 +94,37 @@ def filter_(
 
 
 def mine(
-    repo: Path = typer.Argument(..., help="a git repository (a clone; its HEAD's history is mined)"),
-    out: Path = typer.Option(Path("mined.jsonl"), "--out", help="JSONL file for the valid task records"),
-    since: str = typer.Option(None, "--since", help="only commits after this date (git's --since)"),
-    until: str = typer.Option(None, "--until", help="only commits before this date (git's --until)"),
-    limit: int = typer.Option(None, "--limit", min=1, help="only the newest N commits of the range"),
-    name: str = typer.Option(None, "--name", help="owner/name of the repository (default: from origin)"),
+    repo: Path = typer.Argument(
+        ..., metavar="REPO", help="a git repository (a clone; its HEAD's history is mined)"
+    ),
+    out: Path = typer.Option(
+        Path("mined.jsonl"), "--out", metavar="FILE", help="JSONL file for the valid task records"
+    ),
+    since: str = typer.Option(
+        None, "--since", metavar="DATE", help="only commits after this date (git's --since)"
+    ),
+    until: str = typer.Option(
+        None, "--until", metavar="DATE", help="only commits before this date (git's --until)"
+    ),
+    limit: int = typer.Option(
+        None, "--limit", metavar="N", min=1, help="only the newest N commits of the range"
+    ),
+    name: str = typer.Option(
+        None, "--name", metavar="NAME", help="owner/name of the repository (default: from origin)"
+    ),
     install: str = typer.Option(
         None,
         "--install",
+        metavar="JSON",
         help="install recipe as JSON (install_config; default pip install -e . + pytest -rA)",
     ),
-    runs: int = typer.Option(3, "--runs", min=1, help="test runs per side and gold runs (flakiness check)"),
-    workers: int = typer.Option(1, "--workers", min=1, help="commits processed at once"),
-    timeout: float = typer.Option(600.0, "--timeout", help="seconds allowed for one test run"),
+    runs: int = typer.Option(
+        3, "--runs", metavar="N", min=1, help="test runs per side and gold runs (flakiness check)"
+    ),
+    workers: int = typer.Option(1, "--workers", metavar="N", min=1, help="commits processed at once"),
+    timeout: float = typer.Option(
+        600.0, "--timeout", metavar="SECONDS", help="seconds allowed for one test run"
+    ),
 ) -> None:
     """Tasks from a git history: commits changing source and tests, FAIL_TO_PASS/PASS_TO_PASS from
     runs before and after, the paper's filters, validated. Resumes from --out's .state.jsonl."""

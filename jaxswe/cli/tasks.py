@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -17,15 +18,23 @@ def _load(file: str):
     return load_tasks(file), BACKENDS
 
 
+# what validate and filter share
+TaskFileArg = Annotated[
+    str,
+    typer.Argument(metavar="FILE", help="task file (.json/.jsonl), a built-in task directory, or `builtin`"),
+]
+RunsOpt = Annotated[
+    int, typer.Option("--runs", metavar="N", min=1, help="gold-patch runs per task (flakiness check)")
+]
+BackendOpt = Annotated[str, typer.Option("--backend", metavar="BACKEND", help="local | docker")]
+WorkersOpt = Annotated[int, typer.Option("--workers", metavar="N", min=1, help="tasks validated at once")]
+
+
 def validate(
-    file: str = typer.Argument(
-        ..., metavar="FILE", help="task file (.json/.jsonl), a built-in task directory, or `builtin`"
-    ),
-    runs: int = typer.Option(
-        1, "--runs", metavar="N", min=1, help="gold-patch runs per task (flakiness check)"
-    ),
-    backend: str = typer.Option("local", "--backend", metavar="BACKEND", help="local | docker"),
-    workers: int = typer.Option(1, "--workers", metavar="N", min=1, help="tasks validated at once"),
+    file: TaskFileArg,
+    runs: RunsOpt = 1,
+    backend: BackendOpt = "local",
+    workers: WorkersOpt = 1,
     timeout: float = typer.Option(
         600.0, "--timeout", metavar="SECONDS", help="seconds allowed for one test run"
     ),
@@ -56,24 +65,18 @@ def validate(
 
 
 def filter_(
-    file: str = typer.Argument(
-        ..., metavar="FILE", help="task file (.json/.jsonl), a built-in task directory, or `builtin`"
-    ),
+    file: TaskFileArg,
     out: Path = typer.Option(..., "--out", metavar="FILE", help="JSONL file for the kept task records"),
-    runs: int = typer.Option(
-        1, "--runs", metavar="N", min=1, help="gold-patch runs per task (flakiness check)"
-    ),
-    backend: str = typer.Option("local", "--backend", metavar="BACKEND", help="local | docker"),
-    workers: int = typer.Option(1, "--workers", metavar="N", min=1, help="tasks validated at once"),
+    runs: RunsOpt = 1,
+    backend: BackendOpt = "local",
+    workers: WorkersOpt = 1,
     max_files: int = typer.Option(
         7, "--max-files", metavar="N", help="keep gold patches changing at most this many files"
     ),
     max_lines: int = typer.Option(
         500, "--max-lines", metavar="N", help="keep gold patches changing fewer lines than this"
     ),
-    no_tests: bool = typer.Option(
-        False, "--no-tests", metavar="NO_TESTS", help="size filters only; run no tests"
-    ),
+    no_tests: bool = typer.Option(False, "--no-tests", help="size filters only; run no tests"),
 ) -> None:
     """The paper's task filters; kept records go to --out, one JSON line per dropped task to stdout."""
     from envs import filter_tasks

@@ -91,7 +91,7 @@ def build_app() -> typer.Typer:
     return app
 
 
-_STAGE_COMMANDS = ("warmstart", "rft", "rl", "eval", "pipeline")
+_STAGE_COMMANDS = ("rft", "rl", "eval", "pipeline")
 
 
 def _resume_hint(args: list[str]) -> str:
@@ -111,15 +111,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"jaxswe: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     except (typer.Abort, KeyboardInterrupt):
-        print(f"jaxswe: interrupted{_resume_hint(args)}", file=sys.stderr)
-        raise SystemExit(130) from None
+        code = 130
     except _click_error_types() as err:
         if type(err).__name__ == "NoArgsIsHelpError":  # `jaxswe` or `jaxswe tasks` alone: the help
             err.show()
         else:
             print(_usage_line(err), file=sys.stderr)
         raise SystemExit(2) from None
-    if code == 130:  # Ctrl-C (typer's exit code for KeyboardInterrupt): the stage stopped cleanly
+    if code == 130:  # Ctrl-C (typer turns KeyboardInterrupt into exit code 130): the stage stopped cleanly
         print(f"jaxswe: interrupted{_resume_hint(args)}", file=sys.stderr)
     if isinstance(code, int) and code:
         raise SystemExit(code)

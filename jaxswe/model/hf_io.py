@@ -9,6 +9,7 @@ with several processes each writes the files of the layers it owns, and no host 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -407,6 +408,7 @@ def save_hf(
     if is_main():
         path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(broadcast(_new_tmp_dir(path) if is_main() else None))
+    file_mode = 0o666 & ~_umask()  # safetensors writes 0600; a server of another user must read them
     try:
         weight_map, total = {}, 0
         for file, (owner, shard) in zip(names, shards, strict=True):
@@ -421,7 +423,7 @@ def save_hf(
                 tensors[name] = np.ascontiguousarray(to_hf_layout(m.kind, ours))
             if owner == me:
                 save_file(tensors, str(tmp / file), metadata={"format": "pt"})
-                os.chmod(tmp / file, 0o666 & ~_umask())  # safetensors writes 0600
+                os.chmod(tmp / file, file_mode)
         barrier(f"save_hf files {path}")
         if is_main():
             if len(shards) > 1:
@@ -438,7 +440,12 @@ def save_hf(
 
 
 def _umask() -> int:
-    umask = os.umask(0)
+    """The process's umask, read from /proc where it can be (os.umask can only read it by setting it
+    process-wide for a moment, which another thread's new file could catch)."""
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        status = Path("/proc/self/status").read_text().splitlines()
+        return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    umask = os.umask(0o022)
     os.umask(umask)
     return umask
 

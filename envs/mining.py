@@ -3,16 +3,22 @@
 For every non-merge commit C with one parent P, in order (each stage's survivors go on):
 1. `src+tests`: C changes both test files (envs.patches.is_test_path, .py) and non-test .py files.
 2. `size`: the non-test part (the gold `patch`) changes <= 7 files and < 500 lines.
-3. `tests ran`: in the task's environment (local sandbox + task venv), the test files C touches run
+3. `bug fix, no leak`: the commit message describes a bug fix, not a feature or chore, and the
+   statement (the merged pull request's text where the history names one, else the commit
+   message) gives nothing of the fix away (`statement_problem`).
+4. `tests ran`: in the task's environment (local sandbox + task venv), the test files C touches run
    (for a touched helper with no tests of its own, such as tests/__init__.py, its directory) at P
    with the test part (`test_patch`) applied ("before") and with both parts ("after"), each `runs`
-   times; a run whose test_patch does not apply or reports no test is dropped.
-4. `fail-to-pass`: FAIL_TO_PASS = tests not passing before (any run) and passing after (every
+   times; a run whose test_patch does not apply or reports no test is dropped. The environment
+   is the task's own: the recipe installed at the newest change to the packaging files at or
+   before P (`environment_commit`), not the repository's tip.
+5. `fail-to-pass`: FAIL_TO_PASS = tests not passing before (any run) and passing after (every
    run); PASS_TO_PASS = passing in every run of both; tests whose status differs between runs
    of the same side are flaky and dropped. A task without FAIL_TO_PASS is dropped.
-5. `no import/attribute error`: a task whose failing tests fail with ImportError/AttributeError
-   (or ModuleNotFoundError) before the fix is dropped (the fix adds an API rather than fixing it).
-6. `valid`: envs.validate.validate_task: gold resolves in every one of `runs` fresh sandboxes,
+6. `no new API`: a task whose failing tests fail before the fix with ImportError/AttributeError/
+   NameError or pytest's "DID NOT WARN" is dropped (the fix adds an API or a deprecation rather
+   than fixing a bug; argument errors are not taken as a sign: boltons 289edfc fixes one).
+7. `valid`: envs.validate.validate_task: gold resolves in every one of `runs` fresh sandboxes,
    the empty patch does not; the gold run's statuses are stored as the task's reference statuses.
 
 Every commit's outcome is appended to a state file as it finishes, so a rerun resumes where
@@ -40,15 +46,25 @@ from envs.tasks import Task, task_from_record
 from envs.validate import static_reject, validate_task
 
 STAGES = ("commits", "src+tests", "size", "bug fix, no leak", "tests ran", "fail-to-pass",
-          "no import/attribute error", "valid")  # fmt: skip
+          "no new API", "valid")  # fmt: skip
 _FIX_WORDS = (
     r"fix(es|ed|ing)?|bugs?|errors?|crash(es|ed)?|incorrect(ly)?|wrong|broken|regression|fails?|failed"
     r"|failures?|rais(e|es|ed|ing)|exceptions?|limitation|\w+(Error|Exception)"
 )
 _FIX_RE = re.compile(rf"\b({_FIX_WORDS})\b", re.IGNORECASE)
+# "Fix #12:", "Fixes #3, fix #4 -", "(#56)": issue references say nothing of what the change is
+_ISSUE_REF_RE = re.compile(r"\(?(?:\b(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?)\s+)?#\d+\)?[\s,:;.-]*", re.I)
+# a summary led by one of these describes a feature, a deprecation, a refactor or a chore
+_NOT_A_FIX_RE = re.compile(
+    r"^\s*(add(s|ed)?|implement(s|ed)?|introduce[sd]?|support(s|ed)?|deprecate[sd]?|convert(s|ed)?"
+    r"|refactor(s|ed)?|rename[sd]?|remove[sd]?|drop(s|ped)?|update[sd]?|bump(s|ed)?|release[sd]?|prepare[sd]?"
+    r"|document(s|ed)?|docs?|cleanup|clean up|style|format|typing|type hints?|new)\b",
+    re.IGNORECASE,
+)
+# failing tests that fail this way test an API the fix adds or a warning it introduces, not a bug
+_NEW_API_RE = re.compile(r"\b(ImportError|ModuleNotFoundError|AttributeError|NameError)\b|DID NOT WARN")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,}")
 DEFAULT_INSTALL = {"install": "pip install -e .", "test_cmd": "pytest -rA"}
-_NAME_ERROR_RE = re.compile(r"\b(ImportError|ModuleNotFoundError|AttributeError)\b")
 _PLACEHOLDER = "jaxswe::placeholder"  # a graded id no run reports (grading wants one F2P test)
 
 
@@ -96,22 +112,52 @@ def split_commit(repo_dir: Path, commit: str) -> tuple[str, str, str] | None:
     return parents[0], git(repo_dir, *diff, *source), git(repo_dir, *diff, *tests)
 
 
-def statement_problem(statement: str, patch: str, known: Callable[[set[str]], set[str]]) -> str:
-    """Why a commit message is no task statement ('' when it is one): it does not describe a bug fix
-    (no fix/bug/error/raise/...Error/... word: features, refactors and releases are not bugs to
-    find), or it gives the fix away (an added line of the patch verbatim, or a code-like name the
+def statement_problem(
+    statement: str, patch: str, known: Callable[[set[str]], set[str]], message: str | None = None
+) -> str:
+    """Why `statement` is no task statement ('' when it is one): the commit `message` (default: the
+    statement itself) does not describe a bug fix
+    (no fix/bug/error/raise/...Error/... word, or a summary that, past its issue references, leads
+    with add/deprecate/convert/refactor/... and names no bug: features, refactors and releases are
+    not bugs to find), or it gives the fix away (an added line of the patch verbatim, or a code-like name the
     patch adds that the repository did not have before it; `known(names)` says which it had)."""
-    if not _FIX_RE.search(statement):
+    message = statement if message is None else message
+    if not _FIX_RE.search(message):
         return "the commit message does not describe a bug fix"
+    summary = _ISSUE_REF_RE.sub(" ", message.strip().splitlines()[0]).strip()
+    if _NOT_A_FIX_RE.match(summary) and not _FIX_RE.search(summary):
+        return f"the commit message describes a feature or chore, not a bug fix: {summary[:80]!r}"
     added = [ln[1:].strip() for ln in patch.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
     for line in added:
         if len(line) >= 12 and line in statement:
-            return f"the commit message gives the fix away: {line!r}"
+            return f"the statement gives the fix away: {line!r}"
     named = {w for ln in added for w in _IDENT_RE.findall(ln)} & set(_IDENT_RE.findall(statement))
     named = {w for w in named if "_" in w or w[1:] != w[1:].lower() or re.search(rf"\b{w}\(", statement)}
     if new := sorted(named - known(named)):  # code-like names (snake_case, CamelCase, called), not prose
-        return f"the commit message names what the fix adds: {new[0]}"
+        return f"the statement names what the fix adds: {new[0]}"
     return ""
+
+
+def pull_request_text(repo_dir: Path, commit: str, *, scan: int = 50) -> str | None:
+    """The title and description of the pull request that brought `commit` in: the message of the
+    first merge after it whose first parent does not hold it, past its `Merge pull request #N from`
+    line (GitHub's merge commits); None when the history names no pull request for it."""
+    merges = git(repo_dir, "rev-list", "--ancestry-path", "--merges", "--reverse", f"{commit}..HEAD").split()
+    for merge in merges[:scan]:
+        if git(repo_dir, "merge-base", commit, f"{merge}^1", check=False).strip() == commit:
+            continue  # merged before, along the first parent
+        head, _, text = git(repo_dir, "log", "-1", "--format=%B", merge).strip().partition("\n")
+        m = re.match(r"Merge pull request (#\d+)", head)
+        return f"{text.strip()}\n\n(pull request {m.group(1)})" if m and text.strip() else None
+    return None
+
+
+def environment_commit(repo_dir: Path, commit: str) -> str:
+    """The commit whose packaging files (setup.py, setup.cfg, pyproject.toml, requirements*.txt) a
+    task at `commit` installs from: the newest change to them at or before it (tasks between two
+    such changes share one environment), else `commit` itself."""
+    files = ["setup.py", "setup.cfg", "pyproject.toml", ":(glob)requirements*.txt"]
+    return git(repo_dir, "log", "-1", "--format=%H", commit, "--", *files).strip() or commit
 
 
 def _known_names(repo_dir: Path, commit: str) -> Callable[[set[str]], set[str]]:
@@ -164,26 +210,29 @@ def _stable(runs: list[tuple[dict[str, str], dict[str, str]]]) -> dict[str, str]
 
 
 def mine_commit(
-    repo_dir: Path, commit: str, *, name: str, env_commit: str, install: dict[str, Any], runs: int = 3,
+    repo_dir: Path, commit: str, *, name: str, install: dict[str, Any], runs: int = 3,
     max_files: int = 7, max_lines: int = 500, check_statement: bool = True, **limits: Any,
 ) -> Outcome:  # fmt: skip
     """Run one commit through the stages (see the module docstring); `check_statement=False` skips
-    the `bug fix, no leak` stage (a commit mined for its tests, not as an RL task)."""
+    the `bug fix, no leak` stage (a commit mined for its tests, not as an RL task). The statement is
+    the pull request's text where the history names one, else the commit message; the environment
+    is the task's own (`environment_commit`)."""
     split = split_commit(repo_dir, commit)
     if split is None:
         return Outcome(commit, "commits", "does not change both .py tests and .py source")
     parent, patch, test_patch = split
+    message = git(repo_dir, "log", "-1", "--format=%B", commit).strip()
     record = {
         "instance_id": f"{name.replace('/', '__')}-{commit[:10]}",
         "repo": name,
         "base_commit": parent,
         "patch": patch,
         "test_patch": test_patch,
-        "problem_statement": git(repo_dir, "log", "-1", "--format=%B", commit).strip(),
+        "problem_statement": pull_request_text(repo_dir, commit) or message,
         "FAIL_TO_PASS": [_PLACEHOLDER],
         "PASS_TO_PASS": [],
         "install_config": install,
-        "environment_setup_commit": env_commit,
+        "environment_setup_commit": environment_commit(repo_dir, parent),
         "created_at": git(repo_dir, "log", "-1", "--format=%cI", commit).strip(),
         "source_dir": str(repo_dir.resolve()),
         "mined_from": commit,
@@ -193,7 +242,7 @@ def mine_commit(
     if why := static_reject(task, max_files=max_files, max_lines=max_lines):
         return Outcome(commit, "src+tests", why)
     if check_statement and (
-        why := statement_problem(record["problem_statement"], patch, _known_names(repo_dir, parent))
+        why := statement_problem(record["problem_statement"], patch, _known_names(repo_dir, parent), message)
     ):
         return Outcome(commit, "size", why)
     before = _runs(task, "", runs, **limits)
@@ -211,14 +260,14 @@ def mine_commit(
     if not f2p:
         return Outcome(commit, "tests ran", "no test fails before and passes after (or only flaky ones)")
     messages = " ".join(m for r in before for m in r[1].values())
-    if _NAME_ERROR_RE.search(messages):
-        return Outcome(commit, "fail-to-pass", "the failing tests fail with ImportError/AttributeError")
+    if m := _NEW_API_RE.search(messages):
+        return Outcome(commit, "fail-to-pass", f"the failing tests test a new API or warning ({m.group(0)})")
     task = replace(task, fail_to_pass=tuple(f2p), pass_to_pass=tuple(p2p))
     record = {**task.to_record(), "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p}
     task = task_from_record(record)
     check = validate_task(task, runs=runs, backend="local", **limits)
     if not check.ok:
-        return Outcome(commit, "no import/attribute error", check.reason)
+        return Outcome(commit, "no new API", check.reason)
     return Outcome(
         commit, "valid", "", replace(task, reference_statuses=check.reference_statuses).to_record()
     )
@@ -263,7 +312,6 @@ def mine(
         if limit
         else candidate_commits(repo_dir, since, until)
     )
-    env_commit = git(repo_dir, "rev-parse", "HEAD").strip()
     state_path = out.with_name(out.name + ".state.jsonl")
     done = read_state(state_path)
     todo = [c for c in commits if c not in done]
@@ -271,8 +319,8 @@ def mine(
 
     def work(commit: str) -> Outcome:
         try:
-            outcome = mine_commit(repo_dir, commit, name=name, env_commit=env_commit,
-                                  install=install or DEFAULT_INSTALL, runs=runs, **limits)  # fmt: skip
+            outcome = mine_commit(repo_dir, commit, name=name, install=install or DEFAULT_INSTALL, runs=runs,
+                                  **limits)  # fmt: skip
         except (EnvError, OSError) as err:  # one commit's failure (a vanished sandbox) ends only it
             outcome = Outcome(commit, "size", f"error: {type(err).__name__}: {err}")
         with lock:

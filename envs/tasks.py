@@ -39,6 +39,9 @@ from envs.errors import TaskError
 from envs.parsers import PARSERS, STATUSES, parser_name_for_repo
 from envs.patches import patch_files
 
+# sources a build step compiles: a fix to them needs the post-patch reinstall (recipe_problem)
+_COMPILED_SUFFIXES = (".pyx", ".pxd", ".pxi", ".c", ".cc", ".cpp", ".cxx", ".h", ".hpp", ".f", ".f90", ".rs")
+
 DEFAULT_TEST_CMD = "pytest -rA"
 TESTBED = "/testbed"
 CONDA_INIT = "source /opt/miniconda3/bin/activate && conda activate testbed"
@@ -133,6 +136,12 @@ class Task:
             return "its recipe is a conda environment.yml (no conda here)"
         if local and self.install.get("pre_install"):
             return "its recipe has pre_install steps (system commands: the docker backend runs them)"
+        if compiled := [f for f in patch_files(self.patch) if f.endswith(_COMPILED_SUFFIXES)]:
+            return (
+                f"its fix changes compiled-extension source ({compiled[0]}), which takes effect only through "
+                "the official harness's post-patch reinstall; jaxswe runs none of a patch's code before the "
+                "grader's test process starts (a hostile build script would run outside its checks)"
+            )
         return None
 
     def repos_dir_clone(self, *, missing_ok: bool = False) -> Path | None:

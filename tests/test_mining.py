@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 
 from envs.grading import grade
-from envs.mining import STAGES, Outcome, _stable, mine, split_commit, stage_counts, statement_problem
+from envs.mining import (
+    STAGES,
+    Outcome,
+    _stable,
+    environment_commit,
+    mine,
+    pull_request_text,
+    split_commit,
+    stage_counts,
+    statement_problem,
+)
 from envs.tasks import load_tasks
 from envs.validate import validate_task
 
@@ -58,7 +68,7 @@ def test_split_and_stage_counts(toolz):
     outcomes = [Outcome("a", "commits"), Outcome("b", "size"), Outcome("c", "valid")]
     assert stage_counts(outcomes, 3) == {
         "commits": 3, "src+tests": 2, "size": 2, "bug fix, no leak": 1, "tests ran": 1, "fail-to-pass": 1,
-        "no import/attribute error": 1, "valid": 1,
+        "no new API": 1, "valid": 1,
     }  # fmt: skip
     runs = [({"t1": "PASSED", "t2": "FAILED"}, {}), ({"t1": "PASSED", "t2": "PASSED"}, {})]
     assert _stable(runs) == {"t1": "PASSED"}  # t2 is flaky
@@ -76,6 +86,40 @@ def test_statements_that_are_no_bug_report_or_give_the_fix_away():
     assert "parse_strict" in statement_problem("Fix crash: call parse_strict()", fix, nothing_known)
     assert statement_problem("Fix crash: call parse_strict()", fix, lambda names: names) == ""  # it existed
     assert "return text.strip()" in statement_problem("Fix: return text.strip() or None", fix, nothing_known)
+    # past its issue references, a summary led by a feature or chore verb that names no bug is no bug fix
+    # (cachetools' "Fix #N: ..." messages, docs/tasks.md's spot check)
+    features = [
+        "Fix #131: Add cache_info() function to @cached decorator",
+        "Fix #256: Deprecate MRUCache class",
+        "Fix #357: Convert @cachedmethod decorators to descriptors",
+        "Update docs (fixes #12)",
+    ]
+    for message in features:
+        assert "feature or chore" in statement_problem(message, fix, nothing_known), message
+    for message in (
+        "Fix #200: Handle __missing__ not storing cache items",
+        "Add a guard against the crash (#7)",
+    ):
+        assert statement_problem(message, fix, nothing_known) == "", message
+    # the bug-fix test reads the commit message; the leak test reads the statement the agent is shown
+    pr_text = "Make strict parsing work: call parse_strict()"
+    assert "parse_strict" in statement_problem(pr_text, fix, nothing_known, message="Fix crash (#9)")
+
+
+def test_statement_from_the_pull_request_and_environment_from_the_tasks_own_commit(toolz):
+    """The statement is the merged pull request's text where a GitHub merge names one; the environment
+    is installed at the newest packaging change at or before the task's base, not the tip."""
+    git = lambda *a: subprocess.run(["git", "-C", str(toolz), *a], capture_output=True, text=True).stdout  # noqa: E731
+    via_pr = git("rev-parse", "d70d110").strip()  # one commit of toolz PR #574, merged by 4057679
+    assert pull_request_text(toolz, via_pr) == (
+        "Minimal maintenance to support Python 3.12 (and drop 3.5 and 3.6)\n\n(pull request #574)"
+    )
+    assert pull_request_text(toolz, git("rev-parse", FIX).strip()) is None  # squash-merged: the message
+    env = environment_commit(toolz, f"{FIX}^")
+    assert git("log", "-1", "--format=%s", env).startswith("Modernize to use pyproject.toml")
+    assert (
+        git("merge-base", env, f"{FIX}^").strip() == env != git("rev-parse", f"{FIX}^").strip()
+    )  # an ancestor
 
 
 def test_mine_cli_bad_repo_is_one_line(tmp_path):

@@ -81,21 +81,29 @@ def test_sandbox_commands_use_the_task_venv(toolz_task):
     assert venv_key(other) != venv_key(toolz_task)
 
 
+_PYX_FIX = "diff --git a/pkg/_speed.pyx b/pkg/_speed.pyx\n--- a/pkg/_speed.pyx\n+++ b/pkg/_speed.pyx\n"
+_PYX_FIX += "@@ -1 +1 @@\n-a\n+b\n"
+
+
 @pytest.mark.parametrize(
-    ("recipe", "why"),
+    ("recipe", "patch", "why"),
     [
-        ({"python": "3.6", "install": "pip install -e ."}, "needs Python 3.6"),
-        ({"packages": "environment.yml"}, "conda environment.yml"),
-        ({"pre_install": ["apt-get install -y locales"]}, "pre_install steps"),
+        ({"python": "3.6", "install": "pip install -e ."}, "", "needs Python 3.6"),
+        ({"packages": "environment.yml"}, "", "conda environment.yml"),
+        ({"pre_install": ["apt-get install -y locales"]}, "", "pre_install steps"),
+        ({"install": "pip install -e ."}, _PYX_FIX, "compiled-extension source"),
     ],
 )
-def test_a_recipe_built_otherwise_than_its_harness_would_is_refused(recipe, why, tmp_path, monkeypatch):
+def test_a_recipe_built_otherwise_than_its_harness_would_is_refused(
+    recipe, patch, why, tmp_path, monkeypatch
+):
     """The environment is the spec's or none: another Python, a conda environment.yml, system
-    steps locally: one clear error naming the reason, no half-built venv (in a cache of its own:
-    the pre_install recipe's venv key is the bare one other tasks build)."""
+    steps locally, a fix that needs the post-patch rebuild: one clear error naming the reason, no
+    half-built venv (in a cache of its own: the pre_install recipe's venv key is the bare one other
+    tasks build)."""
     monkeypatch.setenv("JAXSWE_CACHE_DIR", str(tmp_path / "cache"))
     record = {
-        "instance_id": "o__r-1", "repo": "o/r", "base_commit": "0" * 40, "patch": "", "test_patch": "",
+        "instance_id": "o__r-1", "repo": "o/r", "base_commit": "0" * 40, "patch": patch, "test_patch": "",
         "FAIL_TO_PASS": ["t.py::test_a"], "PASS_TO_PASS": [], "install_config": recipe,
     }  # fmt: skip
     task = task_from_record(record)

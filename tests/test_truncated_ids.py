@@ -33,7 +33,6 @@ def test_truncated_ids_of_a_real_task_resolve(tmp_path):
         repo,
         commit.strip(),
         name="mahmoud/boltons",
-        env_commit="",
         install=RECIPE,
         runs=1,
         check_statement=False,

@@ -188,3 +188,14 @@ def test_bad_published_record_names_the_field(tmp_path, over, field):
         TaskError, match=f"record 0 \\(instance_id='django__django-11099'\\): field '{field}'"
     ):
         load_tasks(tmp_path / "t.jsonl")
+
+
+@pytest.mark.parametrize("parser", ["parse_log_phpunit", "parse_log_react_pdf", "parse_log_julia"])
+def test_rebench_v2_parsers_that_differ_from_swebench_ones_are_refused(tmp_path, parser):
+    """SWE-rebench V2's phpunit and react_pdf parsers strip durations from names, swebench's of the
+    same name do not; julia is V2's own. Such a record is refused, not graded by other code."""
+    (record,) = json.loads((DATA / "swe_rebench_v2_real.json").read_text())
+    record["install_config"]["log_parser"] = parser
+    (tmp_path / "t.json").write_text(json.dumps(record))
+    with pytest.raises(TaskError, match=f"field 'log_parser' names '{parser}', a SWE-rebench V2 parser"):
+        load_tasks(tmp_path / "t.json")

@@ -158,6 +158,14 @@ def test_swe_bench_recorded_runs_get_the_official_verdict(run):
             theirs = get_eval_report(spec, prediction, str(Path(tmp) / "log"), True)[task.instance_id]
         official_resolved, official_status = theirs["resolved"], theirs["tests_status"]
         f2p, p2p, parser, rules = task.fail_to_pass, task.pass_to_pass, task.log_parser, task.rules
+        from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
+        from swebench.harness.test_spec.python import make_eval_script_list_py
+
+        specs = MAP_REPO_VERSION_TO_SPECS[task.repo][task.version]
+        lines = make_eval_script_list_py(
+            task.raw, specs, "testbed", "/testbed", task.base_commit, task.test_patch
+        )
+        assert (run / "eval.sh").read_text() == "\n".join(["#!/bin/bash", "set -uxo pipefail", *lines]) + "\n"
         eval_sh = (run / "eval.sh").read_text().splitlines()
         assert task.test_command.split("; ")[-1] == eval_sh[eval_sh.index(": '>>>>> Start Test Output'") + 1]
     else:

@@ -63,6 +63,14 @@ SWE_GYM_TEST_CMDS = {
     "pydantic/pydantic": "pytest -rA --tb=short -vv -o console_output_style=classic --no-header",
     "python/mypy": "pytest -rA -k",
 }
+# SWE-rebench V2's parsers that jaxswe runs as V2 does: its pytest ones (jaxswe's or swebench's,
+# which differ from V2's only in V2 lacking XFAIL, a status its rules fail like a missing test) and
+# those whose code in swebench 4.x is V2's (SWE-rebench-V2 @ c71902a8, lib/agent/log_parsers.py).
+# Others of the same name differ (phpunit, gradle_custom, react_pdf strip durations; calypso; p5js)
+# or are V2's own: refused rather than graded by different code.
+_V2_SAME = """pytest pytest_options pytest_v2 redis marked gotest jq doctest micropython_test googletest
+minitest cucumber ruby_unit rspec_transformed_json cargo maven ant chart_js jest jest_json vitest karma tap"""
+REBENCH_V2_PARSERS = frozenset("parse_log_" + name for name in _V2_SAME.split())
 _REQUIRED = ("instance_id", "repo", "base_commit", "patch", "FAIL_TO_PASS", "PASS_TO_PASS")
 _NON_TEST_EXTS = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
 
@@ -343,10 +351,13 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
 
     parser = record.get("log_parser") or install.get("log_parser")
     parser = parser or ("pytest_verbose" if fmt == "swe-smith" else parser_name_for_repo(record["repo"]))
+    if fmt == "swe-rebench-v2" and parser not in REBENCH_V2_PARSERS:
+        raise _fail(
+            index, record, "log_parser", f"names {parser!r}, a SWE-rebench V2 parser jaxswe cannot run as V2 "
+            f"does (it reads: {', '.join(sorted(REBENCH_V2_PARSERS))})",
+        )  # fmt: skip
     if not isinstance(parser, str) or parser not in PARSERS:
         hint = "" if official.available() else f"; {official.INSTALL_HINT}"
-        if fmt == "swe-rebench-v2":  # its registry has 76 names, most for other languages' runners
-            hint += "; of SWE-rebench V2's parsers jaxswe reads the pytest ones and SWE-bench's"
         raise _fail(index, record, "log_parser", f"names an unknown parser {parser!r}{hint}")
     image = record.get("image_name") or record.get("docker_image") or record.get("image")
     if image is not None and not isinstance(image, str):

@@ -8,18 +8,26 @@ and SWE-Gym grade with), and jaxswe's parser and rules for the format. The rules
 differ where upstream's differ, shown on the same status maps; SWE-bench 5.x's own functions (its
 wheel unpacked apart from the installed 4.x) agree with jaxswe's `swebench-5` rules on those maps
 and the logs.
+
+tests/data/published/swe_bench_eval holds 123 runs SWE-bench's harness recorded (100 Verified,
+23 Lite dev; SWE-agent/mini-swe-agent pull request 816): each log is graded by the recorded
+report, by swebench 4.1's own functions (`get_eval_report` where the instance's real record is
+here) and by jaxswe, and all agree, test by test too.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
+import re
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from envs import load_tasks, official
-from envs.parsers import PARSERS, graded_failures
+from envs.parsers import PARSERS, graded_failures, parser_name_for_repo, status_of
 
 DATA = Path(__file__).parent / "data" / "published"
 LOGS = sorted((DATA / "swe_smith_eval").iterdir())
@@ -96,6 +104,109 @@ def test_each_format_is_graded_by_its_own_harness_rules():
         assert (not graded_failures(f2p, p2p, tests, rules="rebench-v2")) == rebench_v2, tests
 
 
+# -- SWE-bench runs recorded by its harness (tests/data/published/SOURCES.md) ----------------------
+RUNS = sorted((DATA / "swe_bench_eval").glob("*/*"))
+RECORDS = ("swe_bench_verified_real.jsonl", "swe_bench_lite_real.json", "swe_bench_dev_real.json")
+
+
+def _swe_bench_run(run: Path) -> tuple[dict, str, list[str], list[str]]:
+    """(the recorded report, the test output between the harness's markers, F2P, P2P as the
+    report lists them; a skipped test is in neither of 4.x's lists)."""
+    (report,) = json.loads((run / "report.json").read_text()).values()
+    log = gzip.decompress((run / "test_output.txt.gz").read_bytes()).decode()
+    body = log.split(">>>>> Start Test Output", 1)[1].split(">>>>> End Test Output", 1)[0]
+    status = report["tests_status"]
+    f2p = status["FAIL_TO_PASS"]["success"] + status["FAIL_TO_PASS"]["failure"]
+    p2p = status["PASS_TO_PASS"]["success"] + status["PASS_TO_PASS"]["failure"]
+    return report, body, f2p, p2p
+
+
+@functools.cache
+def _real_tasks() -> dict:
+    return {t.instance_id: t for name in RECORDS for t in load_tasks(DATA / name)}
+
+
+def _sorted_lists(status: dict) -> dict:
+    return {
+        k: {s: sorted(status[k][s]) for s in ("success", "failure")} for k in ("FAIL_TO_PASS", "PASS_TO_PASS")
+    }
+
+
+@needs_swebench
+@pytest.mark.parametrize("run", RUNS, ids=[f"{r.parent.name}/{r.name}" for r in RUNS])
+def test_swe_bench_recorded_runs_get_the_official_verdict(run):
+    """Recorded report == swebench 4.1's grading of the recorded log == jaxswe's, per test too.
+    With the instance's record here: `get_eval_report` on the log file with the record's lists,
+    and jaxswe grades the loaded task (its parser and rules); the eval script the harness ran
+    holds the task's test command. Otherwise: swebench's parser for the repository and
+    `get_eval_tests_report` with the report's lists, and jaxswe grades as a SWE-bench task."""
+    from swebench.harness.constants import ResolvedStatus
+    from swebench.harness.grading import get_eval_report, get_eval_tests_report, get_resolution_status
+    from swebench.harness.test_spec.test_spec import TestSpec
+
+    report, body, f2p, p2p = _swe_bench_run(run)
+    task = _real_tasks().get(run.name)
+    if task is not None:
+        spec = TestSpec(
+            instance_id=task.instance_id, repo=task.repo, version=task.version, repo_script_list=[],
+            eval_script_list=[], env_script_list=[], arch="x86_64", FAIL_TO_PASS=list(task.fail_to_pass),
+            PASS_TO_PASS=list(task.pass_to_pass), language="py", docker_specs={}, namespace=None,
+        )  # fmt: skip
+        prediction = {"instance_id": task.instance_id, "model_patch": "recorded", "model_name_or_path": "m"}
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "log").write_bytes(gzip.decompress((run / "test_output.txt.gz").read_bytes()))
+            theirs = get_eval_report(spec, prediction, str(Path(tmp) / "log"), True)[task.instance_id]
+        official_resolved, official_status = theirs["resolved"], theirs["tests_status"]
+        f2p, p2p, parser, rules = task.fail_to_pass, task.pass_to_pass, task.log_parser, task.rules
+        from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
+        from swebench.harness.test_spec.python import make_eval_script_list_py
+
+        specs = MAP_REPO_VERSION_TO_SPECS[task.repo][task.version]
+        lines = make_eval_script_list_py(
+            task.raw, specs, "testbed", "/testbed", task.base_commit, task.test_patch
+        )
+        assert (run / "eval.sh").read_text() == "\n".join(["#!/bin/bash", "set -uxo pipefail", *lines]) + "\n"
+        eval_sh = (run / "eval.sh").read_text().splitlines()
+        assert task.test_command.split("; ")[-1] == eval_sh[eval_sh.index(": '>>>>> Start Test Output'") + 1]
+    else:
+        repo = run.name.rsplit("-", 1)[0].replace("__", "/")
+        official_status = get_eval_tests_report(
+            official.parser(repo=repo)(body), {"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p}
+        )
+        official_resolved = get_resolution_status(official_status) == ResolvedStatus.FULL.value
+        parser, rules = parser_name_for_repo(repo), "swebench-5"
+    tests, _ = PARSERS[parser](body)
+    ours = not graded_failures(f2p, p2p, tests, rules=rules)
+    assert ours == official_resolved == report["resolved"], graded_failures(f2p, p2p, tests, rules=rules)
+    assert _sorted_lists(official_status) == _sorted_lists(report["tests_status"])
+    passed = {t for k in ("FAIL_TO_PASS", "PASS_TO_PASS") for t in official_status[k]["success"]}
+    failed = {t for k in ("FAIL_TO_PASS", "PASS_TO_PASS") for t in official_status[k]["failure"]}
+    for test in f2p + p2p:  # test by test: jaxswe's status passes where 4.x's lists say it passed
+        if test in passed | failed:
+            assert (status_of(test, tests, "swebench-4") in ("PASSED", "XFAIL")) == (test in passed), test
+
+
+@needs_swebench
+def test_jaxswe_parsers_read_the_recorded_swe_bench_logs_as_swebench_does():
+    """Over every test id of the recorded logs, jaxswe's own parsers (pytest, Django) and the
+    official ones agree, but for the deliberate difference: 4.x reports `SKIPPED [1] file:line`
+    as a test named `[1]`."""
+    seen = differ = 0
+    for run in RUNS:
+        repo = run.name.rsplit("-", 1)[0].replace("__", "/")
+        _, body, _, _ = _swe_bench_run(run)
+        theirs, ours = official.parser(repo=repo)(body), PARSERS[parser_name_for_repo(repo)](body)[0]
+        diff = {
+            k: (theirs.get(k), ours.get(k)) for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k)
+        }
+        assert all(re.fullmatch(r"\[\d+\]", k) and v == ("SKIPPED", None) for k, v in diff.items()), (
+            run,
+            diff,
+        )
+        seen, differ = seen + len(set(theirs) | set(ours)), differ + len(diff)
+    assert (len(RUNS), seen, differ) == (123, 7979, 1)
+
+
 SWEBENCH_5 = "swebench==5.0.2"
 _V5_SCRIPT = """
 import json, sys
@@ -115,7 +226,8 @@ def test_swebench_5_own_functions_agree_with_the_swebench_5_rules(tmp_path):
     """swebench 5.x cannot be installed beside the 4.x the extra pins (one package name), so its
     wheel is unpacked into a directory of its own and its `get_eval_tests_report` +
     `get_resolution_status` run in a subprocess: on the status maps above and on the recorded
-    SWE-smith logs, their verdicts equal jaxswe's `swebench-5` rules."""
+    SWE-smith logs and the recorded SWE-bench runs, their verdicts equal jaxswe's `swebench-5`
+    rules."""
     import os
     import subprocess
     import sys
@@ -133,6 +245,12 @@ def test_swebench_5_own_functions_agree_with_the_swebench_5_rules(tmp_path):
     for run in LOGS:
         log, _, f2p, p2p = _recorded(run)
         maps.append((f2p, p2p, PARSERS["pytest_verbose"](_between_markers(log))[0]))
+    recorded = []
+    for run in RUNS:  # the recorded SWE-bench runs, with the parser jaxswe grades them with
+        report, body, f2p, p2p = _swe_bench_run(run)
+        repo = run.name.rsplit("-", 1)[0].replace("__", "/")
+        maps.append((f2p, p2p, PARSERS[parser_name_for_repo(repo)](body)[0]))
+        recorded.append(report["resolved"])
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "v5")}
     done = subprocess.run([sys.executable, "-c", _V5_SCRIPT], input=json.dumps(maps), env=env,
                           capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
@@ -140,4 +258,6 @@ def test_swebench_5_own_functions_agree_with_the_swebench_5_rules(tmp_path):
     assert official5["version"] == SWEBENCH_5.split("==")[1]
     ours = [not graded_failures(f2p, p2p, tests, rules="swebench-5") for f2p, p2p, tests in maps]
     assert ours == official5["resolved"], list(zip(ours, official5["resolved"], maps, strict=True))
-    assert ours[len(CASES) :] == [True, True, False, True]  # the logs: three resolved, one not
+    smith = len(CASES) + len(LOGS)
+    assert ours[len(CASES) : smith] == [True, True, False, True]  # SWE-smith's: three resolved, one not
+    assert ours[smith:] == recorded  # and SWE-bench's runs as their reports say

@@ -18,7 +18,7 @@ from jaxswe.agent.loop import run_episodes
 from jaxswe.agent.swe_env import SWEEnv
 from jaxswe.agent.trajectory import Trajectory, save_jsonl
 from jaxswe.rollout.types import Generation, SamplingParams
-from jaxswe.run.report import curves_html, outcome, pick_episodes, pick_spread, svg_curve
+from jaxswe.run.report import curves_html, episode_html, outcome, pick_episodes, pick_spread, svg_curve
 from jaxswe.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,7 +136,9 @@ def test_not_a_run_dir_is_one_line_exit_2(tmp_path):
 
 def test_outcomes_and_bounds():
     infra = Trajectory(task_id="a", ended_by="error", infra_error="sandbox died")
-    tampered = Trajectory(task_id="b", ended_by="submitted", reward=0.0, tamper=["forged result"])
+    tampered = Trajectory(
+        task_id="b", ended_by="submitted", reward=0.0, tamper=["forged result: <t1> FAILED"]
+    )
     resolved = Trajectory(task_id="c", ended_by="submitted", reward=1.0)
     failed = Trajectory(task_id="d", ended_by="max_turns", reward=0.0)
     assert [outcome(t) for t in (infra, tampered, resolved, failed)] == [
@@ -145,6 +147,9 @@ def test_outcomes_and_bounds():
         "resolved",
         "failed",
     ]
+    assert 'data-outcome="tampered"' in episode_html(tampered, 100)
+    assert "tamper flags: forged result: &lt;t1&gt; FAILED" in episode_html(tampered, 100)
+    assert "infrastructure error: sandbox died" in episode_html(infra, 100)
     many = [failed] * 20 + [resolved] + [failed] * 20 + [infra]
     kept = pick_episodes(many, 4)
     assert len(kept) == 4 and resolved in kept and infra in kept  # the rare outcomes survive the cap

@@ -17,7 +17,7 @@ def _jaxswe(*args, timeout=120):
 def test_help_lists_every_registered_command():
     out = _jaxswe("--help")
     assert out.returncode == 0, out.stderr
-    for name in ("serve", "tasks", "rft", "rl", "eval", "pipeline", "plan", "convert", "export"):
+    for name in ("serve", "tasks", "rft", "rl", "eval", "pipeline", "plan", "convert", "export", "inspect"):
         assert name in out.stdout
     assert len(_COMMAND_MODULES) == len(set(_COMMAND_MODULES))
 

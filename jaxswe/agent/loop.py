@@ -160,6 +160,7 @@ async def run_episode(
             # format errors): it scores it
             traj.reward = float(await env_call(env.reward, key="reward_s"))
             traj.tamper = list(getattr(env, "tamper", ()))
+            traj.tests = dict(getattr(env, "test_statuses", None) or {})
         elif traj.ended_by in ("max_turns", "context"):
             traj.reward = 0.0
         if trained_first is not None:  # sampled with a demonstration, trained without it

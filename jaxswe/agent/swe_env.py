@@ -104,6 +104,13 @@ class SWEEnv:
         """Why grading flagged the submitted patch as tampering (empty if it did not, or not graded yet)."""
         return tuple(getattr(self.grade_result, "tamper", ()) or ())
 
+    @property
+    def test_statuses(self) -> dict[str, str]:
+        """Grading's status of each graded test (FAIL_TO_PASS, then PASS_TO_PASS; empty if not graded)."""
+        tests = getattr(self.grade_result, "tests", None) or {}
+        graded = (*self.task.fail_to_pass, *self.task.pass_to_pass)
+        return {t: str(tests[t]) for t in graded if t in tests}
+
     # ------------------------------------------------------------------ Environment
     def reset(self) -> str:
         if self.sandbox is not None or self.patch is not None:

@@ -31,6 +31,7 @@ _COMMAND_MODULES: list[str] = [
     "jaxswe.cli.export",
     "jaxswe.cli.plan",
     "jaxswe.cli.sandboxes",
+    "jaxswe.cli.inspect",
 ]
 
 app = typer.Typer(

@@ -19,6 +19,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxswe.errors import UserError
+from jaxswe.run.layout import sub_stages
 
 
 class CheckpointError(UserError):
@@ -116,7 +117,7 @@ def find_checkpoint_dir(path: str | Path) -> Path:
     for candidate in (path, path / "checkpoints"):
         if holds(candidate):
             return candidate.absolute()
-    stages = [d / "checkpoints" for d in path.iterdir() if holds(d / "checkpoints")] if path.is_dir() else []
+    stages = [d / "checkpoints" for d in sub_stages(path) if holds(d / "checkpoints")]
     if stages:
         newest = max(stages, key=lambda c: c.stat().st_mtime)
         print(f"jaxswe: {path} holds stages; using the newest, {newest.parent.name}", file=sys.stderr)

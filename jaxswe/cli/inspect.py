@@ -1,0 +1,50 @@
+"""`jaxswe inspect`: a run as one self-contained HTML report (jaxswe.run.report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("inspect")(inspect)
+
+
+def inspect(
+    run_dir: Path = typer.Argument(
+        ..., metavar="RUN_DIR", help="a run dir (every stage in it) or a stage dir"
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", metavar="FILE", help="the HTML file to write (default: RUN_DIR/report.html)"
+    ),
+    episodes: int = typer.Option(
+        24, "--episodes", metavar="N", min=1, help="episodes shown per trajectory file (every outcome kept)"
+    ),
+    files: int = typer.Option(
+        20, "--files", metavar="N", min=1, help="trajectory files shown per stage (spread first to last)"
+    ),
+    max_chars: int = typer.Option(
+        20000, "--max-chars", metavar="N", min=100, help="characters shown of one message, patch or error"
+    ),
+) -> None:
+    """Write one HTML file (no network loads) of a run: each stage's summary and curves, and its
+    episodes turn by turn, with outcome filters and a turn search; print its path."""
+    from jaxswe.errors import UserError
+    from jaxswe.run.layout import stage_dirs
+    from jaxswe.run.report import load_stage, read_json, render_report
+
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: not a directory (expected a run dir or a stage dir)")
+    stages = stage_dirs(run_dir)
+    if not stages:
+        raise UserError(f"{run_dir}: no stage found (expected a run dir or a stage dir)")
+    run_summary = read_json(run_dir / "summary.json") if stages != [run_dir] else None  # a pipeline's
+    loaded = [load_stage(s, episodes=episodes, files=files) for s in stages]
+    html = render_report(f"jaxswe run: {run_dir.absolute()}", loaded, run_summary, max_chars=max_chars)
+    target = out or run_dir / "report.html"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(html, encoding="utf-8")
+    tmp.replace(target)
+    typer.echo(str(target))

@@ -1,0 +1,218 @@
+"""`jaxswe inspect`: the HTML report of a real run (toy RL through the CLI, plus real SWE episodes on
+built-in tasks through SWEEnv and the agent loop), its escaping, and what a headless chromium renders."""
+
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from envs import load_tasks
+from jaxswe.agent.demos import command_reply, gold_patch_to_commands
+from jaxswe.agent.loop import run_episodes
+from jaxswe.agent.swe_env import SWEEnv
+from jaxswe.agent.trajectory import Trajectory, save_jsonl
+from jaxswe.rollout.types import Generation, SamplingParams
+from jaxswe.run.report import curves_html, episode_html, outcome, pick_episodes, pick_spread, svg_curve
+from jaxswe.tokenizer import build_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+NEEDLE = "needle-7f3a"
+HOSTILE = "<script>document.body.setAttribute('data-pwned','1')</script> I will look."
+HOSTILE_OBS = "<img src=x onerror=alert(1)>"
+
+
+def _jaxswe(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "jaxswe", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+class ScriptEngine:
+    """The model's side of an episode: each task (found by its problem statement) replays a script."""
+
+    def __init__(self, tok, scripts):
+        self.tok, self.scripts = tok, scripts
+        self.turn = dict.fromkeys(scripts, 0)
+        self.eot = tok.convert_tokens_to_ids("<|im_end|>")
+
+    async def generate(self, input_ids, params):
+        text = self.tok.decode(input_ids)
+        key = next(k for k in self.scripts if k in text)
+        reply = self.scripts[key][self.turn[key]]
+        self.turn[key] += 1
+        ids = self.tok.encode(reply, add_special_tokens=False) + [self.eot]
+        return Generation(ids, [-0.5] * len(ids), "stop", weight_versions=["3"] * len(ids))
+
+
+def _swe_episodes():
+    """Two graded episodes: the gold fix typed as commands (resolved), and a hostile reply whose
+    command echoes markup and the search needle (failed)."""
+    tasks = load_tasks("builtin")[:2]
+    tok = build_tokenizer([t.problem_statement for t in tasks] + [t.patch for t in tasks], 1000)
+    submit = command_reply("submit", "Done.")
+    gold = [command_reply(c, "Apply the fix.") for c in gold_patch_to_commands(tasks[0].patch)] + [submit]
+    hostile = [command_reply(f"echo '{HOSTILE_OBS}' {NEEDLE}", HOSTILE), submit]
+    engine = ScriptEngine(
+        tok, {t.problem_statement.strip(): s for t, s in zip(tasks, [gold, hostile], strict=True)}
+    )
+    envs = [SWEEnv(t, backend="local", window_lines=20, command_timeout_s=60) for t in tasks]
+    sampling = SamplingParams(max_new_tokens=2048)
+    return asyncio.run(
+        run_episodes(envs, engine, tok, sampling=sampling, max_turns=12, max_context_tokens=16384)
+    )
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """RUN_DIR with two stages: rl (2 iterations of the toy game through `jaxswe rl`) and eval (the
+    SWE episodes, saved by the stages' own writer); then `jaxswe inspect RUN_DIR`."""
+    root = tmp_path_factory.mktemp("inspect") / "run"
+    sets = ["--set", "rl.iterations=2", "--set", "rl.resample_to_fill=false"]
+    out = _jaxswe("rl", "--config", "configs/toy-rl.yaml", "--run-dir", str(root / "rl"), *sets)
+    assert out.returncode == 0, out.stderr[-3000:]
+    config = yaml.safe_load((root / "rl" / "config.yaml").read_text())
+    (root / "config.yaml").write_text(yaml.safe_dump({**config, "stages": ["rl", "eval"]}))  # as a pipeline's
+    episodes = _swe_episodes()
+    assert [t.resolved for t in episodes] == [True, False], [t.to_json() for t in episodes]
+    save_jsonl(root / "eval" / "trajectories" / "eval.jsonl", episodes)
+    out = _jaxswe("inspect", str(root))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(root / "report.html")
+    return root, episodes, (root / "report.html").read_text()
+
+
+def test_report_holds_stages_curves_turns_tests_and_versions(run):
+    root, episodes, html = run
+    assert html.index("<h2>rl ") < html.index("<h2>eval ")
+    assert html.count('<svg class="curve"') >= 8 and "pass_rate" in html
+    gold = episodes[0]
+    assert gold.tests and all(s == "PASSED" for s in gold.tests.values()), gold.tests
+    for test_id in gold.tests:
+        assert f"<td>PASSED</td><td>{test_id}</td>" in html
+    assert f"tests: {len(gold.tests)}/{len(gold.tests)} passing" in html
+    assert "policy v3" in html  # the engine's weight version on every sampled token
+    assert "iter_0001.jsonl" in html and "iter_0002.jsonl" in html
+    assert re.search(r"(\d+ resolved, )?\d+ failed; 24 of 64 episodes shown \(left out: \d+ failed\)", html)
+
+
+def test_report_loads_nothing_and_escapes_the_run(run):
+    _, _, html = run
+    assert not re.search(r"""(src|href|action)\s*=\s*["']?\s*(https?:)?//""", html, re.I)
+    assert not re.search(r"@import|url\(", html)
+    assert html.count("<script") == 1  # the report's own; the model's is text
+    assert (
+        "&lt;script&gt;document.body.setAttribute(&#x27;data-pwned&#x27;,&#x27;1&#x27;)&lt;/script&gt;"
+        in html
+    )
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html and "<img" not in html
+
+
+def test_stage_dir_bounded_report(run, tmp_path):
+    root, _, _ = run
+    target = tmp_path / "r.html"
+    out = _jaxswe("inspect", str(root / "rl"), "--out", str(target), "--episodes", "3", "--files", "1")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(target)
+    html = target.read_text()
+    assert "1 of 2 trajectory files shown" in html and "iter_0002.jsonl" in html and "iter_0001" not in html
+    counts = re.findall(r'<p class="counts">([^<]*)', html)
+    assert re.fullmatch(
+        r"(\d+ resolved, )?\d+ failed; 3 of 64 episodes shown \(left out: [^)]*\)", counts[1]
+    ), counts
+    assert html.count('<details class="ep"') == 3 and "run summary" not in html
+
+
+def test_not_a_run_dir_is_one_line_exit_2(tmp_path):
+    out = _jaxswe("inspect", str(tmp_path))
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "no stage found" in out.stderr
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_outcomes_and_bounds():
+    infra = Trajectory(task_id="a", ended_by="error", infra_error="sandbox died")
+    tampered = Trajectory(
+        task_id="b", ended_by="submitted", reward=0.0, tamper=["forged result: <t1> FAILED"]
+    )
+    resolved = Trajectory(task_id="c", ended_by="submitted", reward=1.0)
+    failed = Trajectory(task_id="d", ended_by="max_turns", reward=0.0)
+    assert [outcome(t) for t in (infra, tampered, resolved, failed)] == [
+        "infra error",
+        "tampered",
+        "resolved",
+        "failed",
+    ]
+    assert 'data-outcome="tampered"' in episode_html(tampered, 100)
+    assert "tamper flags: forged result: &lt;t1&gt; FAILED" in episode_html(tampered, 100)
+    assert "infrastructure error: sandbox died" in episode_html(infra, 100)
+    many = [failed] * 20 + [resolved] + [failed] * 20 + [infra]
+    kept = pick_episodes(many, 4)
+    assert len(kept) == 4 and resolved in kept and infra in kept  # the rare outcomes survive the cap
+    assert pick_spread(10, 4) == [0, 3, 6, 9] and pick_spread(3, 5) == [0, 1, 2] and pick_spread(5, 1) == [4]
+
+
+def _browser():
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium not installed; .ci/run installs it")
+        pytest.skip("chromium not installed (apt-get install chromium)")
+    return path
+
+
+def _dump_dom(html_path: Path, fragment: str) -> str:
+    out = subprocess.run(
+        [
+            _browser(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--dump-dom",
+            f"file://{html_path}#{fragment}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0 and "</html>" in out.stdout, out.stderr[-2000:]
+    return out.stdout
+
+
+def _episodes(dom: str) -> list[str]:
+    """Each episode's markup as rendered, from its opening tag."""
+    return ["<details" + part for part in re.split(r"<details(?= class=\"ep\")", dom)[1:]]
+
+
+def test_browser_runs_the_search_and_the_filters(run):
+    root, _, _ = run
+    dom = _dump_dom(root / "report.html", f"q={NEEDLE}")
+    assert 'data-ready="1"' in dom and 'data-pwned="' not in dom and dom.count("<script") == 1
+    eps = _episodes(dom)
+    assert len(eps) > 20
+    hits = [e for e in eps if NEEDLE in e]
+    assert len(hits) == 1
+    hit = hits[0]
+    assert "hidden" not in hit.split(">", 1)[0] and " open" in hit.split(">", 1)[0]
+    turns = re.findall(r'<div class="turn( hit)?"( hidden="")?>', hit)
+    assert turns.count((" hit", "")) == 1 and turns.count(("", ' hidden=""')) == len(turns) - 1, turns
+    assert all('hidden=""' in e.split(">", 1)[0] for e in eps if e is not hit)
+    assert f"1 of {len(eps)} episodes shown, 1 turns match" in dom
+
+    dom = _dump_dom(root / "report.html", "outcome=resolved")
+    eps = _episodes(dom)
+    visible = [e for e in eps if 'hidden=""' not in e.split(">", 1)[0]]
+    assert visible and all('data-outcome="resolved"' in e.split(">", 1)[0] for e in visible)
+    assert len(visible) < len(eps) and f"{len(visible)} of {len(eps)} episodes shown" in dom
+
+
+def test_curves_are_labelled_with_the_real_range():
+    one = svg_curve("loss", [(2.0, 0.5)])
+    assert ">step 2<" in one and ">0.5<" in one and "step 3" not in one and "step 1" not in one
+    two = svg_curve("<b>", [(1.0, 0.0), (4.0, 1.0)])
+    assert ">1<" in two and ">step 4<" in two and "&lt;b&gt;" in two and "<b>" not in two
+    assert curves_html([{"step": 1, "loss": float("nan")}, {"step": 2, "pass_rate": True}]) == ""

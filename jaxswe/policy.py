@@ -36,8 +36,14 @@ class Policy:
     tokenizer dir; what a stage starts from and what a stage checkpoint restores to."""
 
     model_cfg: Any
-    params: Any
+    params: Any  # None once handed over to a trainer
     tokenizer_dir: str
+
+    def hand_over(self) -> Any:
+        """The params, which this policy then no longer holds: a Trainer built from them keeps the
+        only copy, instead of the starting weights staying alive beside the trainer's state."""
+        params, self.params = self.params, None
+        return params
 
 
 def model_knobs(cfg: RunConfig) -> dict[str, Any]:

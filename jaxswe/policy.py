@@ -115,10 +115,9 @@ def load_policy(path: str | Path, cfg: RunConfig | None = None, *, dtype: str = 
     its shard of `cfg`'s trainer mesh, with `cfg`'s model knobs (compute dtype, master dtype,
     remat, attention) at `cfg`'s context and RoPE (`stage_model`), with a one-line warning on
     stderr when `cfg` runs past the positions the weights' RoPE covers (`context_warning`).
-    Without: on one device, params
-    and compute in `dtype` (read as such, not cast after), Qwen2Config's other defaults, at the
-    context the weights were stored with (an Orbax params dir keeps its saved dtype). The
-    tokenizer dir is the stage's, else `path` itself."""
+    Without: on one device, params and compute in `dtype` (read as such, not cast after),
+    Qwen2Config's other defaults, at the context the weights were stored with (an Orbax params dir
+    keeps its saved dtype). The tokenizer dir is the stage's, else `path` itself."""
     path = Path(path)
     knobs = model_knobs(cfg) if cfg else {"dtype": dtype, "param_dtype": dtype}
 

@@ -31,7 +31,7 @@ class StageContext:
 
     cfg: RunConfig
     stage_dir: Path
-    policy: Policy  # the model the stage starts from
+    policy: Policy  # the model the stage starts from (its params: the trainer's, once it is built)
     tokenizer: Any
     task_ids: list[str]  # the tasks it trains on (RL: after rl.task_filter)
     eval_ids: list[str]

@@ -8,6 +8,8 @@ export` and `jaxswe serve` read through it, and the embedded engine's weight upd
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from jax import ShapeDtypeStruct
 from jax.sharding import SingleDeviceSharding
 
 from jaxswe.config import RunConfig
+from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
 from jaxswe.model.config import Qwen2Config
 from jaxswe.model.hf_io import load_hf, read_hf_config
@@ -36,8 +39,14 @@ class Policy:
     tokenizer dir; what a stage starts from and what a stage checkpoint restores to."""
 
     model_cfg: Any
-    params: Any
+    params: Any  # None once handed over to a trainer
     tokenizer_dir: str
+
+    def hand_over(self) -> Any:
+        """The params, which this policy then no longer holds: a Trainer built from them keeps the
+        only copy, instead of the starting weights staying alive beside the trainer's state."""
+        params, self.params = self.params, None
+        return params
 
 
 def model_knobs(cfg: RunConfig) -> dict[str, Any]:
@@ -56,8 +65,33 @@ def model_knobs(cfg: RunConfig) -> dict[str, Any]:
 def stage_model(model_cfg: Any, cfg: RunConfig) -> Any:
     """The starting model at this stage's context (`model.max_context`) and RoPE scaling
     (`model.rope_scaling`; unset keeps the checkpoint's): what the trainer, the embedded engine,
-    the exported config.json and the SGLang launcher all use. Stage 2 turns YaRN on here."""
+    the exported config.json and the SGLang launcher all use. A config turns YaRN on here."""
     return model_cfg.with_context(cfg.model.max_context, cfg.model.rope_scaling)
+
+
+def context_warning(model_cfg: Qwen2Config, cfg: RunConfig) -> str | None:
+    """One line when a length `cfg` uses (the stage model's context, an episode's, a packed row's)
+    passes the positions the weights' RoPE covers: the checkpoint's max_position_embeddings, or
+    with YaRN (`model.rope_scaling`, else the checkpoint's) its original context x factor."""
+    yarn = model_cfg.with_context(model_cfg.max_position_embeddings, cfg.model.rope_scaling).rope_scaling
+    native = yarn.original_max_position_embeddings if yarn else model_cfg.max_position_embeddings
+    covered = int(native * yarn.factor) if yarn else native
+    lengths = {
+        "model.max_context": cfg.model.max_context,
+        "agent.max_context_tokens": cfg.agent.max_context_tokens,
+        "sft.seq_len": cfg.sft.seq_len,
+        "rl.seq_len": cfg.rl.seq_len,
+    }
+    over = {k: v for k, v in lengths.items() if v > covered}
+    if not over:
+        return None
+    rope = f"YaRN x{yarn.factor:g} over {native}" if yarn else "plain RoPE: no rope_scaling"
+    factor = 2.0 ** math.ceil(math.log2(max(over.values()) / native))
+    return (
+        f"{', '.join(f'{k} {v}' for k, v in over.items())} past the {covered} positions the weights' "
+        f"RoPE covers ({rope}); set model.rope_scaling, e.g. {{rope_type: yarn, factor: {factor:g}, "
+        f"original_max_position_embeddings: {native}}}, or shorten them"
+    )
 
 
 def write_model_file(stage_dir: Path, policy: Policy) -> None:
@@ -79,10 +113,11 @@ def load_tokenizer(path: str | Path) -> Any:
 def load_policy(path: str | Path, cfg: RunConfig | None = None, *, dtype: str = "float32") -> Policy:
     """The policy stored at `path` (see the module doc). With `cfg`: each array read straight into
     its shard of `cfg`'s trainer mesh, with `cfg`'s model knobs (compute dtype, master dtype,
-    remat, attention) at `cfg`'s context and RoPE (`stage_model`). Without: on one device, params
-    and compute in `dtype` (read as such, not cast after), Qwen2Config's other defaults, at the
-    context the weights were stored with (an Orbax params dir keeps its saved dtype). The
-    tokenizer dir is the stage's, else `path` itself."""
+    remat, attention) at `cfg`'s context and RoPE (`stage_model`), with a one-line warning on
+    stderr when `cfg` runs past the positions the weights' RoPE covers (`context_warning`).
+    Without: on one device, params and compute in `dtype` (read as such, not cast after),
+    Qwen2Config's other defaults, at the context the weights were stored with (an Orbax params dir
+    keeps its saved dtype). The tokenizer dir is the stage's, else `path` itself."""
     path = Path(path)
     knobs = model_knobs(cfg) if cfg else {"dtype": dtype, "param_dtype": dtype}
 
@@ -90,7 +125,12 @@ def load_policy(path: str | Path, cfg: RunConfig | None = None, *, dtype: str = 
         return params_placement(model_cfg, cfg.mesh) if cfg else None
 
     def policy(model_cfg: Qwen2Config, params: Any, tokenizer_dir: str | Path) -> Policy:
-        return Policy(stage_model(model_cfg, cfg) if cfg else model_cfg, params, str(tokenizer_dir))
+        if cfg is None:
+            return Policy(model_cfg, params, str(tokenizer_dir))
+        warning = context_warning(model_cfg, cfg)
+        if warning and is_main():
+            print(f"jaxswe: WARNING: {warning}", file=sys.stderr)
+        return Policy(stage_model(model_cfg, cfg), params, str(tokenizer_dir))
 
     if (path / PARAMS_DIR).is_dir():
         model_cfg = read_hf_config(path, **knobs)

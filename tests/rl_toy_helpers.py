@@ -66,7 +66,10 @@ def toy_policy(
 def toy_context(
     cfg, stage_dir: Path, policy, tokenizer, num_values: int, *, num_tasks: int = 8, seed: int = 0
 ):
-    """An opened stage on the toy env (what `open_stage` builds for SWE tasks)."""
+    """An opened stage on the toy env (what `open_stage` builds for SWE tasks), with its own
+    `Policy` holding `policy`'s params: the stage's trainer takes them over from it."""
+    from dataclasses import replace
+
     from jaxswe.policy import write_model_file
     from jaxswe.stages.context import StageContext
     from jaxswe.stages.stage_io import prepare_stage_dir
@@ -74,4 +77,6 @@ def toy_context(
     prepare_stage_dir(stage_dir, cfg)
     write_model_file(stage_dir, policy)
     ids = [f"toy-{i}" for i in range(num_tasks)]
-    return StageContext(cfg, stage_dir, policy, tokenizer, ids, ids, toy_env_factory(seed, num_values))
+    return StageContext(
+        cfg, stage_dir, replace(policy), tokenizer, ids, ids, toy_env_factory(seed, num_values)
+    )

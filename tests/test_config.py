@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 
 from jaxswe.config import ConfigError, RunConfig, apply_overrides, dump_config, load_config
+from jaxswe.model.config import get_preset
+from jaxswe.policy import context_warning
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].joinpath("configs").rglob("*.yaml"))
 
@@ -119,3 +121,39 @@ def test_dump_round_trips(tmp_path):
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_every_shipped_config_validates(path):
     load_config(path)
+
+
+QWEN = [p for p in CONFIGS if p.parent.name.startswith("qwen2.5-")]
+
+
+def _as_published(preset):
+    """Qwen2.5-7B/72B-Instruct as their config.json ships: native at 32,768, no rope_scaling."""
+    return get_preset(preset, max_position_embeddings=32768, rope_scaling=None)
+
+
+@pytest.mark.parametrize("path", QWEN, ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_shipped_qwen_configs_cover_their_context_with_yarn(path):
+    cfg = load_config(path)
+    assert cfg.model.rope_scaling == {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 32768,
+    }
+    assert context_warning(_as_published(path.parent.name), cfg) is None
+
+
+def test_a_context_past_the_weights_rope_is_named_in_one_line():
+    rft, stage2 = QWEN[0].parent / "rft.yaml", QWEN[0].parent / "rl-stage2.yaml"
+    published = _as_published(QWEN[0].parent.name)
+    plain = load_config(rft, ["model.rope_scaling={rope_type: default}", "sft.seq_len=32768"])
+    assert context_warning(published, plain) == (
+        "model.max_context 65536, agent.max_context_tokens 65536, rl.seq_len 65536 past the 32768 "
+        "positions the weights' RoPE covers (plain RoPE: no rope_scaling); set model.rope_scaling, e.g. "
+        "{rope_type: yarn, factor: 2, original_max_position_embeddings: 32768}, or shorten them"
+    )
+    short = load_config(stage2, ["model.rope_scaling.factor=2.0"])
+    assert "rl.seq_len 131072 past the 65536 positions the weights' RoPE covers (YaRN x2 over 32768)" in (
+        context_warning(published, short)
+    )
+    # weights a 65K stage saved (max_position_embeddings 65536) cover a plain-RoPE 65K stage
+    assert context_warning(published.replace(max_position_embeddings=65536), plain) is None

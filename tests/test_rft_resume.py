@@ -92,6 +92,7 @@ def test_sft_crash_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch):
         run_rft(ctx_b, resume=True)
     monkeypatch.setattr(Trainer, "sft_update", real)
     assert (tmp_path / "b" / "checkpoints" / "2").is_dir()
+    ctx_b = toy_context(cfg, tmp_path / "b", policy, tok, NV)  # the restarted process's
     summary_b, params_b = run_rft(ctx_b, resume=True)
     _close(ctx_b)
     assert summary_b["sft_steps"] == kept and ctx_b.backend is None

@@ -1,7 +1,7 @@
 """YaRN on the training side: stage 2 starts from a stage-1 checkpoint trained with plain RoPE and
-turns YaRN on in its own config (as configs/qwen2.5-*/rl-stage2.yaml do). Its trainer's log-probs
-on sequences longer than original_max_position_embeddings equal transformers' with the same YaRN
-config, and the weights it exports load in transformers with that rope_scaling."""
+turns YaRN on in its own config (the shipped Qwen2.5 configs run it from RFT on). Its trainer's
+log-probs on sequences longer than original_max_position_embeddings equal transformers' with the
+same YaRN config, and the weights it exports load in transformers with that rope_scaling."""
 
 from __future__ import annotations
 
@@ -47,10 +47,16 @@ def _hf_model(path):
 
 def _config(tmp_path, **model):
     base = {"tokenizer": str(tmp_path / "tok"), "dtype": "float32", "remat": "none", "attention_block": 32}
-    return {"model": {**base, **model}, "optimizer": {"lr": 1e-6}}
+    context = model["max_context"]  # every length the stage uses
+    lengths = {
+        "agent": {"max_context_tokens": context},
+        "sft": {"seq_len": context},
+        "rl": {"seq_len": context},
+    }
+    return {"model": {**base, **model}, "optimizer": {"lr": 1e-6}, **lengths}
 
 
-def test_stage2_turns_on_yarn_over_a_stage1_checkpoint(tmp_path):
+def test_stage2_turns_on_yarn_over_a_stage1_checkpoint(tmp_path, capsys):
     _hf_model(tmp_path / "hf")
     toy_tokenizer(2, tmp_path / "tok")
     # stage 1: plain RoPE at the original context, checkpointed as a stage dir
@@ -67,6 +73,18 @@ def test_stage2_turns_on_yarn_over_a_stage1_checkpoint(tmp_path):
     p2 = resolve_policy(cfg2)
     assert p2.model_cfg.max_position_embeddings == CONTEXT
     assert p2.model_cfg.rope_scaling.to_hf()["original_max_position_embeddings"] == ORIGINAL
+    assert "WARNING" not in capsys.readouterr().err
+    # without YaRN, the same stage is warned about in one line as it loads the checkpoint
+    resolve_policy(
+        config_from_dict({**_config(tmp_path, max_context=CONTEXT), "init_from": str(tmp_path / "rl1")})
+    )
+    warned = [line for line in capsys.readouterr().err.splitlines() if "WARNING" in line]
+    assert warned == [
+        f"jaxswe: WARNING: model.max_context {CONTEXT}, agent.max_context_tokens {CONTEXT}, sft.seq_len "
+        f"{CONTEXT}, rl.seq_len {CONTEXT} past the {ORIGINAL} positions the weights' RoPE covers (plain "
+        f"RoPE: no rope_scaling); set model.rope_scaling, e.g. {{rope_type: yarn, factor: 4, "
+        f"original_max_position_embeddings: {ORIGINAL}}}, or shorten them"
+    ]
     trainer = Trainer(p2.model_cfg, p2.params, cfg2.optimizer, mesh_cfg=cfg2.mesh)
     rows, t = trainer.rows_multiple, 96  # positions up to 95 > 32
     ids = np.random.default_rng(0).integers(0, VOCAB, size=(rows, t)).astype(np.int32)

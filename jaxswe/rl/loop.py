@@ -40,9 +40,10 @@ from jaxswe.train.trainer import Trainer
 
 
 def rl_trainer(cfg: RunConfig, policy: Policy) -> Trainer:
-    """The Trainer of an RL stage from its starting policy, with the config's loss settings."""
+    """The Trainer of an RL stage from its starting policy (whose params it takes over: one copy),
+    with the config's loss settings."""
     loss = LossSettings.from_rl(cfg.rl)
-    return Trainer(policy.model_cfg, policy.params, cfg.optimizer, loss=loss, mesh_cfg=cfg.mesh)
+    return Trainer(policy.model_cfg, policy.hand_over(), cfg.optimizer, loss=loss, mesh_cfg=cfg.mesh)
 
 
 def _episode_stats(episodes: list[Trajectory]) -> dict[str, float]:
@@ -175,8 +176,8 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
     if ckpts.steps() and not resume:
         raise UserError(f"{stage_dir}: holds RL checkpoints already; pass --resume or use a new --run-dir")
     counts = filter_tasks(ctx, history_from)
+    backend = ensure_backend(ctx)  # serves the starting policy, whose params the trainer then takes
     ctx.trainer = rl_trainer(cfg, ctx.policy)
-    backend = ensure_backend(ctx)
     history: History = {}
     order = DataOrder()
     start = 0

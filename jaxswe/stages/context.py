@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ class StageContext:
 
     cfg: RunConfig
     stage_dir: Path
-    policy: Policy  # the model the stage starts from
+    policy: Policy  # the model the stage starts from (its params: the trainer's, once it is built)
     tokenizer: Any
     task_ids: list[str]  # the tasks it trains on (RL: after rl.task_filter)
     eval_ids: list[str]
@@ -137,15 +137,16 @@ def open_stage(
 
 def ensure_backend(ctx: StageContext, params: Any | None = None) -> Backend:
     """The stage's rollout backend, serving `params` (default: the starting policy, policy
-    version 0; `params`, the stage's trained policy, is version 1)."""
+    version 0; `params`, the stage's trained policy, is version 1). A backend opened after the
+    trainer took the starting params over (`Policy.hand_over`) needs `params`."""
     version = 0 if params is None else 1
+    served = ctx.policy.params if params is None else params
     if ctx.backend is None:
-        ctx.backend = make_backend(ctx.cfg, ctx.policy)
+        ctx.backend = make_backend(ctx.cfg, replace(ctx.policy, params=served))
         if ctx.cfg.rollout.engine != "embedded" or params is not None:
-            sync = ctx.backend.sync_weights(
-                params or ctx.policy.params, ctx.stage_dir / "weights", version=version
+            run_phase(
+                ctx.backend, ctx.backend.sync_weights(served, ctx.stage_dir / "weights", version=version)
             )
-            run_phase(ctx.backend, sync)
     elif params is not None:
         run_phase(ctx.backend, ctx.backend.sync_weights(params, ctx.stage_dir / "weights", version=version))
     return ctx.backend

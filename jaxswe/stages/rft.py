@@ -37,12 +37,13 @@ from jaxswe.train.trainer import Trainer
 
 def rft_trainer(cfg: RunConfig, policy: Policy, num_steps: int | None = None) -> Trainer:
     """The RFT trainer: fp32 masters and AdamW moments (model.param_dtype) at rft.lr; with
-    `num_steps`, a cosine schedule decays to 0 over exactly that many steps."""
+    `num_steps`, a cosine schedule decays to 0 over exactly that many steps. It takes over the
+    policy's params (one copy)."""
     update: dict[str, Any] = {"lr": cfg.rft.lr} if cfg.rft.lr else {}
     if num_steps and cfg.optimizer.schedule == "cosine":
         update["total_steps"] = num_steps
     return Trainer(
-        policy.model_cfg, policy.params, cfg.optimizer.model_copy(update=update), mesh_cfg=cfg.mesh
+        policy.model_cfg, policy.hand_over(), cfg.optimizer.model_copy(update=update), mesh_cfg=cfg.mesh
     )
 
 

@@ -127,7 +127,7 @@ def run_warmstart(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], A
     cfg, stage_dir = ctx.cfg, ctx.stage_dir
     ws = cfg.warmstart
     opt = cfg.optimizer.model_copy(update={"lr": ws.lr, "schedule": "constant", "warmup_steps": 0})
-    trainer = Trainer(ctx.policy.model_cfg, ctx.policy.params, opt, mesh_cfg=cfg.mesh)
+    trainer = Trainer(ctx.policy.model_cfg, ctx.policy.hand_over(), opt, mesh_cfg=cfg.mesh)
     ckpts = Checkpoints(stage_dir / "checkpoints", max_to_keep=1)
     if resume:
         restored = ckpts.restore_latest(trainer.state())

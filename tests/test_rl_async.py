@@ -56,7 +56,8 @@ def test_k0_reproduces_the_synchronous_loop_rows_through_ctrl_c_and_resume(tmp_p
     its first round is this run's). The run is stopped with Ctrl-C (SIGINT) after iteration 1: it
     exits 130 within seconds with the curves so far and one line holding the exact --resume
     command, and that command finishes the run with the same rows."""
-    sets = ("seed=1", "rl.iterations=3", "rl.max_staleness=0")  # the reference's settings
+    # the reference's settings (the config then had seed 1 and lr 3e-3)
+    sets = ("seed=1", "optimizer.lr=3e-3", "rl.iterations=3", "rl.max_staleness=0")
     sets += ("rl.resample_to_fill=true", "rl.max_resample_rounds=2")
     run_dir = tmp_path / "rl"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

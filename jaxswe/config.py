@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from jaxswe.data.packing import ROW_BUCKET_RATIO
 from jaxswe.errors import UserError
 
 
@@ -218,6 +219,8 @@ class RLSection(Section):
     bias_alarm_stop: bool = True
     seq_len: int = Field(65536, gt=0)
     rows_per_step: int | None = Field(None, gt=0)  # fixed [rows, seq_len] per optimizer step (one compile)
+    # without rows_per_step: rows padded up the ladder of this ratio (jaxswe.data.packing.bucket_rows)
+    row_bucket_ratio: float = Field(ROW_BUCKET_RATIO, ge=1)
 
     @property
     def tis_on(self) -> bool:

@@ -58,9 +58,9 @@ def minibatches(
 ) -> tuple[list[TokenBatch], int]:
     """Shuffle the trajectories into ceil(n / trajectories_per_step) mini-batches of random
     trajectories (so no step sees only long failures or only short successes) and pack each into
-    rows; returns the per-step batches and how many trajectories were cut to seq_len. With
-    `rows_per_step` every step has exactly that many rows (one compiled shape): a mini-batch that
-    packs into more rows is split over several steps."""
+    rows (padded to a rung of the `rl.row_bucket_ratio` ladder); returns the per-step batches and
+    how many trajectories were cut to seq_len. With `rows_per_step` every step has exactly that many
+    rows (one compiled shape): a mini-batch that packs into more rows is split over several steps."""
     order = rng.permutation(len(seqs))
     num_batches = max(1, math.ceil(len(seqs) / rl.trajectories_per_step))
     fixed = rl.rows_per_step
@@ -70,7 +70,7 @@ def minibatches(
             [seqs[i] for i in chosen],
             rl.seq_len,
             rows_multiple=1 if fixed else rows_multiple,
-            power_of_two_rows=fixed is None,
+            row_ratio=1.0 if fixed else rl.row_bucket_ratio,
         )
         truncated += batch.truncated
         if not fixed:

@@ -56,8 +56,8 @@ def run_sft(
         batch = pack_sequences(
             [sequences[i] for i in chosen], sft.seq_len, rows_multiple=trainer.rows_multiple
         )
-        # Pad to the most rows seen so far: few shapes reach the jitted step (rows are powers of
-        # two), and a batch that packs into more rows than the first one just grows the shape.
+        # Pad to the most rows seen so far: few shapes reach the jitted step (rows are rungs of a
+        # ladder), and a batch that packs into more rows than the first one just grows the shape.
         rows_per_step = max(rows_per_step, batch.num_rows)
         arrays = pad_rows(batch.arrays, rows_per_step)
         out = trainer.sft_update(arrays)

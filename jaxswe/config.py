@@ -119,6 +119,8 @@ class RolloutSection(Section):
     max_batch: int = Field(16, gt=0)
     tensor_parallel: int = Field(1, gt=0)  # sglang launcher
     mem_fraction: float = Field(0.85, gt=0, le=1)  # sglang launcher
+    # sglang launcher: --enable-deterministic-inference, without which SGLang ignores sampling seeds
+    deterministic_inference: bool = True
     seed: int = 0
 
 

@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from jaxswe.rollout.sglang_launcher import LaunchError, ServerProcess, sglang_command
+from jaxswe.config import RolloutSection
+from jaxswe.model.config import get_preset
+from jaxswe.rollout.sglang_launcher import LaunchError, ServerProcess, sglang_command, stage_sglang_command
 
 
 def _arg(cmd, flag):
@@ -28,6 +30,19 @@ def test_command_for_yarn_long_context(tmp_path):
     override = json.loads(_arg(cmd, "--json-model-override-args"))
     assert override == {"rope_scaling": yarn, "max_position_embeddings": 131072}
     assert "--skip-tokenizer-init" in cmd
+
+
+def test_seeded_sampling_asks_for_deterministic_inference(tmp_path):
+    """SGLang 0.5.9 reads `sampling_seed` only with --enable-deterministic-inference; a stage passes
+    it unless `rollout.deterministic_inference` is off."""
+    (tmp_path / "config.json").write_text("{}")
+    flag = "--enable-deterministic-inference"
+    assert flag in sglang_command(tmp_path) and flag not in sglang_command(tmp_path, deterministic=False)
+    model = get_preset("tiny")
+    for on in (True, False):
+        rollout = RolloutSection(engine="sglang", deterministic_inference=on, seed=7)
+        cmd = stage_sglang_command(tmp_path, model, rollout, port=30002)
+        assert (flag in cmd) is on and _arg(cmd, "--random-seed") == "7" and _arg(cmd, "--port") == "30002"
 
 
 def test_command_without_yarn_and_bad_inputs(tmp_path):

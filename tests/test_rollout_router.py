@@ -7,7 +7,9 @@ import socket
 import pytest
 from aiohttp import web
 
-from jaxswe.rollout.client import RolloutClient, RolloutError
+from jaxswe.config import RolloutSection
+from jaxswe.errors import UserError
+from jaxswe.rollout.client import RolloutClient, RolloutError, client_from_config
 from jaxswe.rollout.types import SamplingParams
 
 
@@ -90,3 +92,14 @@ def test_router_gets_generation_workers_get_control():
     assert {n for n, p in calls if p == "/flush_cache"} == {"w0", "w1"}
     assert {n for n, p in calls if p == "/update_weights_from_disk"} == {"w0", "w1"}
     assert workers[1] in message and workers[0] not in message and "cannot load weights" in message
+
+
+def test_config_keeps_the_router_out_of_the_worker_list():
+    """rollout.router takes generation; rollout.urls must hold the workers, never the router."""
+    workers = ["http://w0:30000", "http://w1:30000"]
+    client = client_from_config(RolloutSection(engine="http", urls=workers, router="http://r:31000/"))
+    assert client.urls == workers and client.generate_urls == ["http://r:31000"]
+    with pytest.raises(UserError, match="lists the router"):
+        client_from_config(
+            RolloutSection(engine="http", urls=[*workers, "http://r:31000"], router="http://r:31000/")
+        )

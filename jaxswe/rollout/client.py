@@ -401,6 +401,11 @@ def client_from_config(rollout: Any) -> RolloutClient:
     """A RolloutClient for the `rollout` section of a RunConfig (engine http or sglang)."""
     if not rollout.urls:
         raise UserError("rollout.urls: at least one server URL is needed for engine http/sglang")
+    if rollout.router and rollout.router.rstrip("/") in [u.rstrip("/") for u in rollout.urls]:
+        raise UserError(
+            f"rollout.urls lists the router {rollout.router}: list the workers there (weight updates "
+            "go to each; the router has no such route) and the router in rollout.router only"
+        )
     return RolloutClient(
         rollout.urls,
         timeout=rollout.request_timeout_s,

@@ -5,6 +5,15 @@ process group, waits for `GET /health`, and stops the whole group. SGLang needs 
 `ServerProcess` with `jaxswe serve` as the stand-in server; the SGLang command itself is only
 checked for its arguments in CI.
 
+Supported SGLang: 0.5.9 (the `sglang` extra pins it; docs/guide.md, "SGLang version"). Seeds:
+SGLang uses a request's `sampling_seed` only under `--enable-deterministic-inference` (0.5.9
+`srt/sampling/sampling_batch_info.py`: the seed tensor is built only when that flag is set; with
+it, `srt/server_args.py` forces the pytorch sampling backend, an attention backend in
+flashinfer/fa3/triton and, for TP > 1, NCCL's tree all-reduce), so the command passes it whenever
+`deterministic` is set (the config's `rollout.deterministic_inference`, on by default: every stage
+seeds its requests). 0.5.7+ holds the seed as int64 and hashes all 64 bits (`srt/layers/utils/hash.py`),
+so jaxswe's seeds in [0, 2**63) go through unchanged; 0.5.6 held it as int32.
+
 Sampling: nothing here relies on the model's generation_config.json; `RolloutClient` sends every
 sampling parameter on every request, which overrides whatever SGLang would default to. Output
 log-probs are SGLang's default: temperature-scaled, before top-k/top-p/min-p (see
@@ -44,6 +53,7 @@ def sglang_command(
     rope_scaling: dict[str, Any] | None = None,
     dtype: str = "bfloat16",
     seed: int = 0,
+    deterministic: bool = True,
     python: str = sys.executable,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
@@ -53,6 +63,8 @@ def sglang_command(
     goes in through --json-model-override-args, with max_position_embeddings raised to
     `context_length` so SGLang accepts that context. Token ids in and out only
     (--skip-tokenizer-init): the agent never lets a server re-tokenize its history.
+    `deterministic` adds --enable-deterministic-inference, without which SGLang ignores
+    `sampling_seed` (see the module doc).
     """
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
@@ -72,6 +84,8 @@ def sglang_command(
         "--random-seed", str(seed),
         "--skip-tokenizer-init",
     ]  # fmt: skip
+    if deterministic:
+        cmd.append("--enable-deterministic-inference")
     if context_length is not None:
         cmd += ["--context-length", str(context_length)]
     if rope_scaling:
@@ -97,6 +111,7 @@ def stage_sglang_command(model_dir: str | Path, model_cfg: Any, rollout: Any, *,
         rope_scaling=None if rope is None else rope.to_hf(),
         dtype=model_cfg.dtype,
         seed=rollout.seed,
+        deterministic=rollout.deterministic_inference,
     )
 
 

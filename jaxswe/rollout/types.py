@@ -6,7 +6,9 @@ import hashlib
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-MAX_SEED = 2**63  # sampling seeds are in [0, MAX_SEED)
+# Sampling seeds are in [0, MAX_SEED): SGLang 0.5.7+ (0.5.9 pinned) holds `sampling_seed` as int64
+# (srt/sampling/sampling_batch_info.py); 0.5.6 held it as int32, which these seeds overflow.
+MAX_SEED = 2**63
 
 
 @dataclass(frozen=True)

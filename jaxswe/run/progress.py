@@ -41,7 +41,7 @@ class Progress:
             self.bar.update(n)
         elif self.lines:
             now = time.monotonic()
-            tenth = max(1, self.total // 10)
+            tenth = max(1, -(-self.total // 10))  # at most ~10 lines however small the total
             if (
                 self.done >= self.total
                 or self.done // tenth > self._last_done // tenth
@@ -54,7 +54,7 @@ class Progress:
         """`jaxswe NAME done/total UNITs, key value, ..., seconds per unit`."""
         per = (now - self._t0) / max(self.done - self._start, 1)
         extra = "".join(f", {k} {v:.3g}" if isinstance(v, float) else f", {k} {v}" for k, v in stats.items())
-        return f"jaxswe {self.name} {self.done}/{self.total} {self.unit}s{extra}, {per:.1f} s/{self.unit}"
+        return f"jaxswe {self.name} {self.done}/{self.total} {self.unit}s{extra}, {per:.3g} s/{self.unit}"
 
     def write(self, line: str) -> None:
         if not self.enabled:

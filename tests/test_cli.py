@@ -1,11 +1,17 @@
 """The `jaxswe` command line: help, module entry point, and one-line errors with exit code 2."""
 
+import os
+import re
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from jaxswe.cli import _COMMAND_MODULES
+
+ROOT = Path(__file__).parent.parent
 
 
 def _jaxswe(*args, timeout=120):
@@ -83,3 +89,53 @@ def test_override_error_names_the_override_and_closest_key(tmp_path, capsys):
     assert exc.value.code == 2
     assert err == "jaxswe: error: --set rl.eps_hihg=0.3: rl.eps_hihg: unknown key (did you mean rl.eps_high?)"
     assert not (tmp_path / "run").exists()
+
+
+def test_a_second_ctrl_c_exits_at_once_during_the_first_ones_cleanup():
+    """The CLI's SIGINT handlers in a real process: the first Ctrl-C raises KeyboardInterrupt (the
+    stage writes what it has), a second one during that cleanup exits 130 at once."""
+    code = (
+        "import time\n"
+        "from jaxswe.cli import _sigint_handlers\n"
+        "with _sigint_handlers():\n"
+        "    try:\n"
+        "        print('working', flush=True); time.sleep(60)\n"
+        "    except KeyboardInterrupt:\n"
+        "        print('cleaning up', flush=True); time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline() == "working\n"
+    proc.send_signal(signal.SIGINT)
+    assert proc.stdout.readline() == "cleaning up\n"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=10) == 130
+    assert proc.stderr.read() == "jaxswe: interrupted again: exiting now\n"
+
+
+def test_progress_in_a_log_file_is_periodic_lines(tmp_path):
+    """stderr a file: RFT sampling, its SFT steps and the stage's eval report in at most ~10 plain
+    lines each (no carriage-return bar), the last one at the total."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    log = tmp_path / "stderr.txt"
+    argv = ["rft", "--config", str(ROOT / "configs" / "toy-rl.yaml"), "--run-dir", str(tmp_path / "rft")]
+    with log.open("w") as err:
+        done = subprocess.run(
+            [sys.executable, "-m", "jaxswe", *argv, "--set", "eval.after_stage=true"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            timeout=300,
+        )
+    text = log.read_text()
+    assert done.returncode == 0 and "\r" not in text, text[-3000:]
+    for name, unit, total in (
+        ("rft sampling", "episodes", 160),
+        ("rft sft", "steps", 1),
+        ("final_eval", "episodes", 16),
+    ):
+        pattern = rf"jaxswe {name} (\d+)/{total} {unit}, .*, [\d.e+-]+ s/{unit[:-1]}"
+        counts = [int(m.group(1)) for m in re.finditer(pattern, text)]
+        assert counts and counts[-1] == total and counts == sorted(counts) and len(counts) <= 10, (name, text)
+    assert "jaxswe rft sft 1/1 steps, loss " in text

@@ -216,3 +216,22 @@ def test_curves_are_labelled_with_the_real_range():
     two = svg_curve("<b>", [(1.0, 0.0), (4.0, 1.0)])
     assert ">1<" in two and ">step 4<" in two and "&lt;b&gt;" in two and "<b>" not in two
     assert curves_html([{"step": 1, "loss": float("nan")}, {"step": 2, "pass_rate": True}]) == ""
+
+
+def test_an_interrupted_stage_shows_its_partial_summary(tmp_path):
+    """A stage stopped by Ctrl-C has summary_partial.json, not summary.json: the report shows it."""
+    from jaxswe.run.metrics import MetricsLogger
+    from jaxswe.run.report import load_stage
+    from jaxswe.stages.stage_io import write_partial_summary
+
+    metrics = MetricsLogger(tmp_path, start_step=1)
+    for step in (1, 2):
+        metrics.log(step, {"pass_rate": step / 4})
+    metrics.close()
+    (tmp_path / "checkpoints" / "2").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp-1").mkdir()  # a save the interrupt cut short
+    write_partial_summary("rl", tmp_path)
+    stage = load_stage(tmp_path, episodes=1, files=1)
+    assert stage.name == "rl" and stage.summary["interrupted"] is True, stage.summary
+    assert stage.summary["steps_done"] == 2 and stage.summary["resume_from_checkpoint"] == 2
+    assert stage.summary["last_metrics"]["pass_rate"] == 0.5

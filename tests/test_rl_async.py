@@ -54,8 +54,9 @@ def test_k0_reproduces_the_synchronous_loop_rows_through_ctrl_c_and_resume(tmp_p
     collector wrote before it was deleted (same seed, one CPU device, dynamic sampling's resample
     rounds; tests/data/rl_sync_reference.json says how they were made, also without resampling:
     its first round is this run's). The run is stopped with Ctrl-C (SIGINT) after iteration 1: it
-    exits 130 within seconds with the curves so far and one line holding the exact --resume
-    command, and that command finishes the run with the same rows."""
+    exits 130 within seconds with the curves and a partial summary so far (summary_partial.json:
+    summary.json means finished) and one line holding the exact --resume command, and that command
+    finishes the run with the same rows."""
     # the reference's settings (the config then had seed 1 and lr 3e-3)
     sets = ("seed=1", "optimizer.lr=3e-3", "rl.iterations=3", "rl.max_staleness=0")
     sets += ("rl.resample_to_fill=true", "rl.max_resample_rounds=2")
@@ -77,9 +78,14 @@ def test_k0_reproduces_the_synchronous_loop_rows_through_ctrl_c_and_resume(tmp_p
     again = shlex.split(hint.split("continue with: ", 1)[1])
     assert again == ["jaxswe", *argv, "--resume"], hint
     assert (run_dir / "plots" / "rl_curves.png").is_file() and not (run_dir / "summary.json").exists()
-    assert len(read_rows(run_dir / "metrics.jsonl")) < 3
+    rows = read_rows(run_dir / "metrics.jsonl")
+    partial = json.loads((run_dir / "summary_partial.json").read_text())
+    assert partial["interrupted"] and partial["name"] == "rl", partial
+    assert partial["steps_done"] == rows[-1]["step"] == len(rows) < 3 and partial["last_metrics"] == rows[-1]
     done = subprocess.run([sys.executable, "-m", *again], env=env, cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0 and "resuming RL from iteration" in done.stderr, done.stderr[-3000:]
+    resumed = f"resuming RL from iteration {partial['resume_from_checkpoint']} "
+    assert done.returncode == 0 and resumed in done.stderr, done.stderr[-3000:]
+    assert (run_dir / "summary.json").is_file() and not (run_dir / "summary_partial.json").exists()
     rows = read_rows(run_dir / "metrics.jsonl")
     want = REFERENCE["rows"]["resample"]
     assert len(rows) == len(want) == 3

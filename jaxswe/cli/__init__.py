@@ -11,7 +11,9 @@ import contextlib
 import importlib
 import os
 import shlex
+import signal
 import sys
+import threading
 from typing import Annotated
 
 import typer
@@ -102,12 +104,39 @@ def _resume_hint(args: list[str]) -> str:
     return f"; continue with: jaxswe {shlex.join(again)}"
 
 
+def _first_sigint(signum: int, frame: object) -> None:
+    """Ctrl-C: KeyboardInterrupt, so the stage stops and writes what it has; the next one exits."""
+    signal.signal(signal.SIGINT, _second_sigint)
+    raise KeyboardInterrupt
+
+
+def _second_sigint(signum: int, frame: object) -> None:
+    print("jaxswe: interrupted again: exiting now", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
+@contextlib.contextmanager
+def _sigint_handlers():
+    """While a command runs: the second Ctrl-C exits at once, whatever the first one's cleanup (or
+    the interpreter's exit after it) is doing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, _first_sigint)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is _first_sigint:  # not interrupted: as it was
+            signal.signal(signal.SIGINT, before)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script and `python -m jaxswe`."""
     args = list(sys.argv[1:] if argv is None else argv)
     build_app()
     try:
-        code = app(args=args, prog_name="jaxswe", standalone_mode=False)  # typer.Exit(n) comes back as n here
+        with _sigint_handlers():
+            code = app(args=args, prog_name="jaxswe", standalone_mode=False)  # typer.Exit(n) comes back as n
     except _user_error_types() as err:
         print(f"jaxswe: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -20,7 +20,6 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from jaxswe.agent.trajectory import Trajectory, save_jsonl
 from jaxswe.config import RunConfig
@@ -34,6 +33,7 @@ from jaxswe.rl.rewards import advantage_stats
 from jaxswe.rl.train import prepare, update_metrics
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger, read_rows
+from jaxswe.run.progress import Progress
 from jaxswe.stages.context import StageContext, ensure_backend, finish_stage
 from jaxswe.stages.stage_io import load_history, write_json
 from jaxswe.train.trainer import Trainer
@@ -201,19 +201,14 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
             if start > 0:
                 runner.run(backend.sync_weights(ctx.trainer.params, stage_dir / "weights", version=start))
             pump = RolloutPump(ctx, order)
-            bar = tqdm(
-                range(start + 1, cfg.rl.iterations + 1),
-                desc="rl",
-                initial=start,
-                total=cfg.rl.iterations,
-                # one bar per run, not per process, and only on a terminal: in a log file a bar is
-                # one endless line, and the per-iteration lines say it all
-                disable=not (is_main() and sys.stderr.isatty()),
-            )
-            for step in bar:
-                row, history = runner.run(rl_iteration(ctx, pump, ckpts, metrics, history, step))
-                if is_main():
-                    bar.write(iteration_line(step, cfg.rl.iterations, row), file=sys.stderr)
+            # one bar per run, not per process; no periodic lines: the per-iteration lines say it all
+            with Progress(
+                "rl", cfg.rl.iterations, unit="iteration", initial=start, enabled=is_main(), lines=False
+            ) as progress:
+                for step in range(start + 1, cfg.rl.iterations + 1):
+                    row, history = runner.run(rl_iteration(ctx, pump, ckpts, metrics, history, step))
+                    progress.write(iteration_line(step, cfg.rl.iterations, row))
+                    progress.update()
         finally:
             if pump is not None:
                 runner.run(pump.stop())

@@ -101,7 +101,8 @@ def load_stage(stage_dir: Path, *, episodes: int, files: int) -> Stage:
     """A stage dir's summary, metrics rows, eval reports and trajectory files (`files` of them spread
     over the run, `episodes` episodes each)."""
     stage_dir = Path(stage_dir)
-    summary = read_json(stage_dir / "summary.json")
+    # summary.json when the stage finished, else an interrupted one's (jaxswe.stages.stage_io)
+    summary = read_json(stage_dir / "summary.json") or read_json(stage_dir / "summary_partial.json")
     evals = {}
     for name in ("eval", "final_eval"):
         report = read_json(stage_dir / f"{name}.json")

@@ -18,7 +18,7 @@ from jaxswe.run.plots import plot_metrics
 from jaxswe.stages.evaluate import run_eval_stage
 from jaxswe.stages.rollouts import Backend, EnvFactory, run_phase
 from jaxswe.stages.runtime import check_servers, env_factory, load_pool, make_backend, resolve_policy
-from jaxswe.stages.stage_io import prepare_stage_dir, write_json
+from jaxswe.stages.stage_io import PARTIAL_SUMMARY, prepare_stage_dir, write_json
 from jaxswe.stages.toy import is_toy, toy_policy, toy_tasks
 from jaxswe.train.trainer import Trainer
 
@@ -168,5 +168,7 @@ def finish_stage(ctx: StageContext, summary: dict[str, Any], params: Any | None 
         asyncio.run(ctx.backend.close())
         ctx.backend = None
     write_json(ctx.stage_dir / "summary.json", summary)
+    if is_main():
+        (ctx.stage_dir / PARTIAL_SUMMARY).unlink(missing_ok=True)  # an interrupted attempt's
     barrier(f"{summary['name']} finished")  # process 0's plots and files are done before anyone exits
     return summary

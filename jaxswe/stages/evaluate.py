@@ -11,6 +11,7 @@ from jaxswe.distributed import is_main
 from jaxswe.rollout.types import derive_seed
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.plots import plot_eval
+from jaxswe.run.progress import Progress
 from jaxswe.stages.eval_stats import format_table, summarize
 from jaxswe.stages.rollouts import collect_episodes, run_phase
 from jaxswe.stages.stage_io import write_json
@@ -38,17 +39,29 @@ async def evaluate(
     random numbers; the eval stage draws its own."""
     cfg = ctx.cfg
     ids = [t for t in ctx.eval_ids for _ in range(samples)]
-    episodes, secs = await collect_episodes(
-        ids,
-        ctx.make_env,
-        ctx.backend.engine,
-        ctx.tokenizer,
-        replace(
-            ctx.sampling, temperature=cfg.eval.temperature, sampling_seed=derive_seed(cfg.seed, "eval", name)
-        ),
-        cfg.agent,
-        concurrency=cfg.env.max_parallel,
-    )
+    progress = Progress(name, len(ids), unit="episode", enabled=is_main())
+    resolved = 0
+
+    def count(_: int, episode: Trajectory) -> None:  # process 0 only (it runs the episodes)
+        nonlocal resolved
+        resolved += episode.resolved
+        progress.update(resolved=resolved)
+
+    with progress:
+        episodes, secs = await collect_episodes(
+            ids,
+            ctx.make_env,
+            ctx.backend.engine,
+            ctx.tokenizer,
+            replace(
+                ctx.sampling,
+                temperature=cfg.eval.temperature,
+                sampling_seed=derive_seed(cfg.seed, "eval", name),
+            ),
+            cfg.agent,
+            concurrency=cfg.env.max_parallel,
+            on_done=count,
+        )
     report = report_from_episodes(episodes, cfg.eval.pass_at_k)
     report["time_s"] = secs
     return report, episodes

@@ -29,6 +29,7 @@ from jaxswe.policy import Policy
 from jaxswe.rollout.types import derive_seed
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.metrics import MetricsLogger
+from jaxswe.run.progress import Progress
 from jaxswe.stages.context import StageContext, ensure_backend
 from jaxswe.stages.rollouts import collect_episodes, run_phase
 from jaxswe.stages.sft import num_sft_steps, run_sft
@@ -100,11 +101,16 @@ def collect_samples(ctx: StageContext, path: Path) -> list[Trajectory]:
         )
     if todo:
         backend = ensure_backend(ctx)
-        with path.open("a") if is_main() else contextlib.nullcontext() as out:
+        progress = Progress("rft sampling", len(slots), unit="episode", initial=len(done), enabled=is_main())
+        resolved = sum(e.resolved for e in done.values())
+        with path.open("a") if is_main() else contextlib.nullcontext() as out, progress:
 
             def stream(j: int, episode: Trajectory) -> None:  # process 0 only (it runs the episodes)
+                nonlocal resolved
                 out.write(_sample_line(todo[j], episode))
                 out.flush()
+                resolved += episode.resolved
+                progress.update(resolved=resolved)
 
             episodes, _ = run_phase(
                 backend,

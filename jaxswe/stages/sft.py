@@ -7,12 +7,12 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from tqdm import tqdm
 
 from jaxswe.config import SFTSection
 from jaxswe.data.packing import Sequence, pack_sequences, pad_rows
 from jaxswe.distributed import is_main
 from jaxswe.run.metrics import MetricsLogger
+from jaxswe.run.progress import Progress
 from jaxswe.train.trainer import Trainer
 
 
@@ -47,7 +47,8 @@ def run_sft(
     stream: list[int] = []
     rows = []
     rows_per_step = 0
-    for step in tqdm(range(steps), desc=desc, initial=start_step, total=steps, disable=not is_main()):
+    progress = Progress(desc, steps, unit="step", initial=start_step, enabled=is_main())
+    for step in range(steps):
         while len(stream) < sft.batch_size:
             stream += rng.permutation(len(sequences)).tolist()
         chosen, stream = stream[: sft.batch_size], stream[sft.batch_size :]
@@ -64,7 +65,9 @@ def run_sft(
         out["tokens_trained"] = float(arrays.loss_mask.sum())
         metrics.log(step + 1, out)
         rows.append(out)
+        progress.update(loss=float(out["loss"]))
         every = sft.checkpoint_every
         if checkpoint is not None and every and (step + 1) % every == 0 and step + 1 < steps:
             checkpoint(step + 1)
+    progress.close()
     return rows

@@ -15,6 +15,7 @@ import yaml
 from jaxswe.config import RunConfig, dump_config
 from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
+from jaxswe.run.metrics import read_rows
 
 
 def write_json(path: str | Path, obj: Any) -> None:
@@ -34,6 +35,26 @@ def read_json(path: str | Path) -> Any:
 
 # Settings a resumed run cannot change: the checkpoints hold this model
 FIXED_ON_RESUME = ("model.preset", "model.overrides", "model.path", "init_from")
+
+
+PARTIAL_SUMMARY = "summary_partial.json"  # an interrupted stage's; summary.json means finished
+
+
+def write_partial_summary(name: str, stage_dir: Path) -> None:
+    """An interrupted stage's summary so far: the step (RL: iteration) its metrics reached, that
+    row, and the checkpoint step a --resume starts from (None: from the start); process 0 only."""
+    stage_dir = Path(stage_dir)
+    rows = read_rows(stage_dir / "metrics.jsonl")
+    ckpts = stage_dir / "checkpoints"
+    saved = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.is_dir() else []
+    summary = {
+        "name": name,
+        "interrupted": True,
+        "steps_done": rows[-1]["step"] if rows else 0,
+        "last_metrics": rows[-1] if rows else None,
+        "resume_from_checkpoint": saved[-1] if saved else None,
+    }
+    write_json(stage_dir / PARTIAL_SUMMARY, summary)
 
 
 def check_run_dir(run_dir: Path, *, resume: bool) -> None:

@@ -25,6 +25,7 @@ from jaxswe.stages.stage_io import (
     read_json,
     record_config,
     write_json,
+    write_partial_summary,
 )
 from jaxswe.stages.warmstart import build_policy, run_warmstart
 
@@ -57,10 +58,12 @@ def run_stage(
     config_changes(stage_dir, cfg)
     try:
         return _run_stage(name, cfg, stage_dir, init_from=init_from, resume=resume)
-    except KeyboardInterrupt:  # Ctrl-C: the curves so far (no summary.json: the stage is not done)
+    except KeyboardInterrupt:  # Ctrl-C: the curves and summary so far (not summary.json: not done)
         metrics = stage_dir / "metrics.jsonl"
         if is_main() and metrics.is_file() and name != "eval":
             plot_metrics(metrics, stage_dir / "plots" / f"{name}_curves.png", title=f"{name} (interrupted)")
+        if stage_dir.is_dir():
+            write_partial_summary(name, stage_dir)
         raise
 
 

@@ -8,13 +8,14 @@ with 2 values, so the >= 80% this test asks for means the policy reads the obser
 earlier turn and copies it.
 
 Measured (lr 2e-3, 8 x 8 episodes an iteration with up to 3 resampling rounds, 30 iterations;
-docs/performance.md): the config's seed 2 passes 0.8 at iteration 18 and stays at 0.98-1.0;
-over seeds 1-12, 11 reach 0.8 (at lr 3e-3, 10; runs collapsed after partial learning). Before the bonus, seed 0 stalled near 0.5: before the policy
-reads the observation every `submit N` after a look is equally good, softmax policy gradient
-commits to one of them, and a near-deterministic wrong answer gets almost no gradient; the bonus
-(entropy_coef 0.02) keeps the choice open until copying is learned. With 4 values, success
-stayed between 0.25 and 0.84 over the seeds and coefficients tried. Runs repeat exactly on one
-machine; another CPU's float rounding can move a seed's curve after a few iterations.
+docs/performance.md): the config's seed 2 passes 0.8 at iteration 18 and stays at 0.98-1.0; over
+seeds 1-12, 11 reach 0.8 (at lr 3e-3, 10; runs collapsed after partial learning). Before the bonus,
+seed 0 stalled near 0.5: before the policy reads the observation every `submit N` after a look is
+equally good, softmax policy gradient commits to one of them, and a near-deterministic wrong answer
+gets almost no gradient; the bonus (entropy_coef 0.02) keeps the choice open until copying is
+learned. With 4 values, success stayed between 0.25 and 0.84 over the seeds and coefficients tried.
+Runs repeat exactly on one machine; another CPU's float rounding can move a seed's curve after a few
+iterations.
 `JAXSWE_LEARNING_SET` (space-separated key=value overrides, e.g. "seed=1 rl.entropy_coef=0") changes
 the settings for tuning runs by hand."""
 

@@ -157,7 +157,8 @@ def test_cli_validate_and_filter(tmp_path, capsys):
     out, err = capsys.readouterr()
     lines = [json.loads(ln) for ln in out.splitlines()]  # JSON alone on stdout; progress and tally on stderr
     assert [(r["instance_id"], r["ok"]) for r in lines] == [("calc__add", True), ("words__snake", True)]
-    assert "2/2" in err and "2 tasks: 2 valid, 0 invalid, 0 infrastructure failures" in err, err
+    assert "jaxswe tasks validate 2/2 tasks, valid 2" in err and "\r" not in err, err  # lines, not a bar
+    assert "2 tasks: 2 valid, 0 invalid, 0 infrastructure failures" in err, err
     out = tmp_path / "kept.jsonl"
     assert _cli(["tasks", "filter", str(DATA), "--out", str(out), "--no-tests", "--max-lines", "3"]) == 0
     dropped = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]

@@ -45,14 +45,14 @@ def validate(
     tasks, backends = _load(file)
     if backend not in backends:
         raise UserError(f"--backend must be one of {', '.join(backends)}, got {backend!r}")
-    from tqdm import tqdm
+    from jaxswe.run.progress import Progress
 
     tally = {"valid": 0, "invalid": 0, "infrastructure": 0}
     results = validate_many(tasks, runs=runs, backend=backend, workers=workers, test_timeout=timeout)
-    with tqdm(results, total=len(tasks), desc="validate", unit="task", file=sys.stderr) as bar:
-        for result in bar:
+    with Progress("tasks validate", len(tasks), unit="task") as bar:
+        for result in results:
             tally["valid" if result.ok else "infrastructure" if result.infrastructure else "invalid"] += 1
-            bar.set_postfix(tally)
+            bar.update(1, **tally)
             print(json.dumps(result.to_json()), flush=True)
     print(
         f"jaxswe: {len(tasks)} task{'s' * (len(tasks) != 1)}: {tally['valid']} valid, "
@@ -131,8 +131,6 @@ def mine(
 ) -> None:
     """Tasks from a git history: commits changing source and tests, FAIL_TO_PASS/PASS_TO_PASS from
     runs before and after, the paper's filters, validated. Resumes from --out's .state.jsonl."""
-    from tqdm import tqdm
-
     from envs.errors import TaskError
     from envs.mining import candidate_commits
     from envs.mining import mine as mine_repo
@@ -149,14 +147,15 @@ def mine(
         total = len(candidate_commits(repo, since, until))
     except Exception as err:
         raise UserError(f"{repo}: cannot read its history: {err}") from None
-    with tqdm(total=min(total, limit or total), desc="mining", unit="commit", file=sys.stderr) as bar:
+    from jaxswe.run.progress import Progress
+
+    with Progress("tasks mine", min(total, limit or total), unit="commit") as bar:
         kept = 0
 
         def progress(outcome) -> None:
             nonlocal kept
             kept += outcome.record is not None
-            bar.set_postfix(valid=kept)
-            bar.update()
+            bar.update(1, valid=kept)
 
         try:
             counts = mine_repo(

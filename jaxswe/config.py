@@ -243,6 +243,13 @@ class RLSection(Section):
         return self
 
 
+class MetricsSection(Section):
+    """Experiment trackers beside metrics.jsonl and TensorBoard (jaxswe.run.loggers)."""
+
+    loggers: list[Literal["wandb", "mlflow"]] = Field(default_factory=list)
+    project: str = "jaxswe"  # the W&B project / MLflow experiment
+
+
 class EvalSection(Section):
     """Pass@1 over k samples and Pass@k."""
 
@@ -272,6 +279,7 @@ class RunConfig(Section):
     rft: RFTSection = Field(default_factory=RFTSection)
     rl: RLSection = Field(default_factory=RLSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:

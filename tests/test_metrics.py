@@ -1,7 +1,14 @@
 import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
 
 from jaxswe.run.metrics import MetricsLogger, read_rows, truncate_after
 from jaxswe.run.plots import plot_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_log_truncate_resume_and_plot(tmp_path):
@@ -41,3 +48,75 @@ def test_eval_plot_has_one_bar_per_task(tmp_path):
     bars = plot_eval(report, tmp_path / "plots" / "eval.png", title="t")
     assert bars == [("a", 0.625), ("b", 0.125)]
     assert (tmp_path / "plots" / "eval.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _wandb_history(run_dir) -> list[dict]:
+    """The history rows of a W&B offline run, read from its .wandb file: a 7-byte header, then
+    LevelDB-log blocks of 32 KiB whose chunks (crc 4 bytes, length 2, type 1: full 1, first 2,
+    middle 3, last 4) carry the run's protobuf Records."""
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")
+    data, pos, part, rows = path.read_bytes(), 7, b"", []
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        part, pos = part + data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record.FromString(part)
+            part = b""
+            if record.WhichOneof("record_type") == "history":
+                rows.append(
+                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                )
+    return rows
+
+
+def test_a_stage_logs_to_wandb_and_mlflow_and_refuses_what_cannot_open(tmp_path, monkeypatch):
+    """`metrics.loggers: [wandb, mlflow]`: a real `jaxswe rl` stage sends each iteration's scalars to
+    a W&B run (offline mode, read back from its file) and an MLflow run (a file store, read back
+    through MLflow's client), the config as the runs' parameters; a tracker that cannot open is
+    refused in one line before the stage starts."""
+    import mlflow
+
+    run_dir = tmp_path / "rl"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env |= {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_ALLOW_FILE_STORE": "true",
+            "MLFLOW_TRACKING_URI": f"file://{tmp_path / 'mlruns'}"}  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "jaxswe",
+        "rl",
+        "--config",
+        str(ROOT / "configs" / "toy-rl.yaml"),
+        "--run-dir",
+    ]
+    sets = [
+        "--set",
+        "rl.iterations=2",
+        "--set",
+        "rl.resample_to_fill=false",
+        "--set",
+        "metrics.loggers=[wandb,mlflow]",
+    ]
+    done = subprocess.run([*argv, str(run_dir), *sets], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_rows(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    history = _wandb_history(run_dir)
+    assert [(h["_step"], h["pass_rate"]) for h in history] == [(r["step"], r["pass_rate"]) for r in rows]
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    run = client.get_run((run_dir / "mlflow_run_id").read_text().strip())
+    assert run.info.run_name == "toy-rl/rl" and run.data.params["rl.iterations"] == "2"
+    logged = client.get_metric_history(run.info.run_id, "pass_rate")
+    assert [(m.step, m.value) for m in logged] == [(r["step"], r["pass_rate"]) for r in rows]
+    # MLflow with nowhere to log: one line, exit 2, nothing written
+    env.pop("MLFLOW_TRACKING_URI")
+    refused = subprocess.run([*argv, str(tmp_path / "other"), *sets], env=env, capture_output=True, text=True,
+                             cwd=ROOT)  # fmt: skip
+    assert refused.returncode == 2 and "set MLFLOW_TRACKING_URI" in refused.stderr, refused.stderr[-2000:]
+    assert not (tmp_path / "other").exists()

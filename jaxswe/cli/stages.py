@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from jaxswe.config import load_config
+from jaxswe.run.loggers import check_trackers
 
 ConfigOpt = Annotated[Path, typer.Option("--config", metavar="FILE", help="YAML config (configs/*.yaml)")]
 RunDirOpt = Annotated[Path, typer.Option("--run-dir", metavar="DIR", help="where the run writes everything")]
@@ -74,6 +75,7 @@ def _stage_command(name: str):
         process_id: ProcessIdOpt = None,
     ) -> None:
         cfg = load_config(config, set_ or [])  # before the heavy imports: a bad config fails at once
+        check_trackers(cfg.metrics.loggers)
         if init_from:
             cfg = cfg.model_copy(update={"init_from": init_from})
         from jaxswe.distributed import initialize
@@ -105,6 +107,7 @@ def pipeline(
 ) -> None:
     """Run the config's stages in order, each in RUN_DIR/<stage> (warmstart, rft, rl, eval)."""
     cfg = load_config(config, set_ or [])
+    check_trackers(cfg.metrics.loggers)
     from jaxswe.distributed import initialize
     from jaxswe.stages.stages import run_pipeline
 

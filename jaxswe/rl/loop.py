@@ -32,6 +32,7 @@ from jaxswe.rl.pump import Collected, RolloutPump
 from jaxswe.rl.rewards import advantage_stats
 from jaxswe.rl.train import prepare, update_metrics
 from jaxswe.run.checkpoint import Checkpoints
+from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger, read_rows
 from jaxswe.run.progress import Progress
 from jaxswe.stages.context import StageContext, ensure_backend, finish_stage
@@ -190,7 +191,7 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
         order = DataOrder.from_json(meta["data_order"])
         last_row = meta.get("metrics_row")
         print(f"jaxswe: resuming RL from iteration {start} ({ckpts.directory / str(start)})", file=sys.stderr)
-    metrics = MetricsLogger(stage_dir, start_step=start + 1)
+    metrics = MetricsLogger(stage_dir, start_step=start + 1, trackers=stage_trackers(cfg, stage_dir, "rl"))
     if last_row is not None and not any(r["step"] == start for r in read_rows(metrics.path)):
         metrics.log(start, last_row)  # killed after the checkpoint committed, before the row
 

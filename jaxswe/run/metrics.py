@@ -1,4 +1,5 @@
-"""Per-iteration metrics: one JSON object per line in metrics.jsonl, mirrored to TensorBoard.
+"""Per-iteration metrics: one JSON object per line in metrics.jsonl, mirrored to TensorBoard and
+to the config's experiment trackers (jaxswe.run.loggers: W&B, MLflow).
 
 Rows are keyed by `step` (the iteration). A resumed run calls `truncate_after(step)` so rows of
 iterations whose checkpoint never committed are dropped, and TensorBoard purges them likewise.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +59,13 @@ class MetricsLogger:
     does nothing).
     """
 
-    def __init__(self, directory: str | Path, *, start_step: int = 0):
+    def __init__(
+        self, directory: str | Path, *, start_step: int = 0, trackers: Callable[[], list] | None = None
+    ):
         self.directory = Path(directory)
         self.path = self.directory / "metrics.jsonl"
         self._tb = None
+        self._trackers: list = []
         if not is_main():
             return
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -70,6 +75,7 @@ class MetricsLogger:
         from tensorboardX import SummaryWriter  # imported here: it pulls in torch when installed
 
         self._tb = SummaryWriter(str(self.directory / "tb"), purge_step=start_step if start_step else None)
+        self._trackers = trackers() if trackers is not None else []  # opened on process 0 only
 
     def log(self, step: int, row: dict[str, Any]) -> None:
         """Write one row (flushed and fsynced: it is durable once this returns)."""
@@ -80,12 +86,16 @@ class MetricsLogger:
             f.write(json.dumps(full, default=float) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        for key, value in row.items():
-            scalar = _scalar(value)
-            if scalar is not None:
-                self._tb.add_scalar(key, scalar, int(step))
+        scalars = {k: s for k, v in row.items() if (s := _scalar(v)) is not None}
+        for key, scalar in scalars.items():
+            self._tb.add_scalar(key, scalar, int(step))
         self._tb.flush()
+        for tracker in self._trackers:
+            tracker.log(int(step), scalars)
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        for tracker in self._trackers:
+            tracker.close()
+        self._trackers = []

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from jaxswe.agent.trajectory import Trajectory, save_jsonl
 from jaxswe.distributed import is_main
 from jaxswe.rollout.types import derive_seed
+from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.plots import plot_eval
 from jaxswe.run.progress import Progress
@@ -75,7 +76,8 @@ def run_eval_stage(ctx: StageContext, *, samples: int | None = None, name: str =
     report, episodes = run_phase(ctx.backend, evaluate(ctx, samples, name))
     save_jsonl(stage_dir / "trajectories" / f"{name}.jsonl", episodes)
     write_json(stage_dir / f"{name}.json", report)
-    metrics = MetricsLogger(stage_dir / name if name != "eval" else stage_dir)
+    where = stage_dir / name if name != "eval" else stage_dir
+    metrics = MetricsLogger(where, trackers=stage_trackers(cfg, where, name))
     row = {k: v for k, v in report.items() if isinstance(v, int | float)}
     metrics.log(0, {**row, "pass_rate": report["pass_at_1"]})
     metrics.close()

@@ -28,6 +28,7 @@ from jaxswe.errors import UserError
 from jaxswe.policy import Policy
 from jaxswe.rollout.types import derive_seed
 from jaxswe.run.checkpoint import Checkpoints
+from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.progress import Progress
 from jaxswe.stages.context import StageContext, ensure_backend
@@ -157,7 +158,7 @@ def run_rft(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], Any]:
             ckpts.close()
             return dict(meta["summary"]), trainer.params
         print(f"jaxswe: resuming SFT after step {start} of {steps}", file=sys.stderr)
-    metrics = MetricsLogger(stage_dir, start_step=start + 1)
+    metrics = MetricsLogger(stage_dir, start_step=start + 1, trackers=stage_trackers(cfg, stage_dir, "rft"))
     rows = run_sft(
         trainer,
         [e.sft_sequence() for e in kept],

@@ -21,6 +21,7 @@ from jaxswe.errors import UserError
 from jaxswe.policy import Policy, model_knobs, stage_model
 from jaxswe.rollout.types import Generation, SamplingParams
 from jaxswe.run.checkpoint import Checkpoints
+from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.stages.context import StageContext, check_inputs
 from jaxswe.stages.sft import run_sft
@@ -150,7 +151,7 @@ def run_warmstart(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], A
             f"{first.infra_error or 'not resolved'}); check the task suite and agent.max_turns"
         )
     sft = SFTSection(epochs=1e9, batch_size=ws.batch_size, max_steps=ws.steps, seq_len=cfg.sft.seq_len)
-    metrics = MetricsLogger(stage_dir)
+    metrics = MetricsLogger(stage_dir, trackers=stage_trackers(cfg, stage_dir, "warmstart"))
     rows = run_sft(trainer, [e.sft_sequence() for e in good], sft, metrics, seed=cfg.seed, desc="warmstart")
     metrics.close()
     summary = {

@@ -1,5 +1,7 @@
 """One of 2 processes (4 CPU devices each) calling save_hf on fsdp-sharded params; writes the names
-of the safetensors files this process wrote to OUT/written_<id>.json. Then checks two helpers of
+of the safetensors files this process wrote to OUT/written_<id>.json. Loads the files back into
+the same placement and writes the checkpoint bytes it read and whether its shards equal the
+params (bf16-rounded) to OUT/read_<id>.json. Then checks two helpers of
 jaxswe.distributed across the processes and writes what each process saw to OUT/helpers_<id>.json:
 an exception in `on_main` reaches every process, and host data that differ between processes
 are caught.
@@ -21,12 +23,14 @@ from jaxswe import distributed  # noqa: E402
 distributed.initialize(f"localhost:{port}", 2, process_id)
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxswe.config import MeshSection  # noqa: E402
 from jaxswe.model import hf_io  # noqa: E402
 from jaxswe.model.config import get_preset  # noqa: E402
 from jaxswe.model.params import init_params  # noqa: E402
+from jaxswe.model.safetensors_ranges import bytes_read  # noqa: E402
 from jaxswe.train.trainer import params_placement  # noqa: E402
 
 CONFIG = get_preset("tiny", vocab_size=96, tie_word_embeddings=False, attention="dense")
@@ -44,6 +48,18 @@ hf_io.save_file = lambda tensors, file, **kw: (
 )
 hf_io.save_hf(out / "hf", CONFIG, params, dtype="bfloat16", max_shard_bytes=60_000)
 (out / f"written_{process_id}.json").write_text(json.dumps(written))
+
+placement = params_placement(CONFIG, MeshSection())
+before = bytes_read()
+_, loaded = hf_io.load_hf(out / "hf", dtype="float32", shardings=placement)
+read = bytes_read() - before
+rounded = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), p))(params)
+same = all(
+    a.index == b.index and np.array_equal(a.data, b.data)
+    for x, y in zip(jax.tree.leaves(loaded), jax.tree.leaves(rounded), strict=True)
+    for a, b in zip(x.addressable_shards, y.addressable_shards, strict=True)
+)
+(out / f"read_{process_id}.json").write_text(json.dumps({"bytes_read": read, "same": same}))
 
 
 def outcome(fn) -> str:

@@ -6,6 +6,7 @@ import json
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -19,6 +20,7 @@ from jaxswe.model import Qwen2Config, get_preset, init_params, load_hf, save_hf,
 from jaxswe.model.config import ModelConfigError
 from jaxswe.model.hf_io import WeightsError
 from jaxswe.model.orbax_io import CheckpointError, load_params_orbax, save_params_orbax
+from jaxswe.model.safetensors_ranges import SafetensorsFile, bytes_read
 
 CONFIG = get_preset("tiny", vocab_size=97, tie_word_embeddings=False, attention="dense")
 
@@ -101,6 +103,22 @@ def test_sharded_load_places_each_array_from_slices(tmp_path):
     assert sharded["layers"]["wo"].sharding.spec == jax.sharding.PartitionSpec(None, "tensor", "fsdp", None)
     assert len(sharded["layers"]["wo"].addressable_shards) == 8
     assert_trees_equal(params, sharded)
+
+
+def test_range_reads_take_only_the_slice_bytes(tmp_path):
+    """A region of a 3-D bf16 tensor (partial in every dim) read by byte ranges equals numpy's
+    slice, and the reads total exactly the region's bytes."""
+    x = np.arange(6 * 10 * 12, dtype=np.float32).reshape(6, 10, 12).astype(ml_dtypes.bfloat16)
+    save_file({"x": x, "y": np.ones(3, np.float32)}, tmp_path / "t.safetensors")
+    file = SafetensorsFile(tmp_path / "t.safetensors")
+    for index in [(slice(1, 4), slice(2, 7), slice(3, 9)), (slice(2, 5), slice(0, 10), slice(0, 12)),
+                  (slice(0, 6), slice(0, 10), slice(4, 5))]:  # fmt: skip
+        before = bytes_read()
+        got = file.read("x", index)
+        assert got.dtype == x.dtype
+        np.testing.assert_array_equal(got, x[index])
+        assert bytes_read() - before == x[index].nbytes
+    file.close()
 
 
 def _write_without(src, dst, drop=None, reshape=None):

@@ -162,7 +162,9 @@ def _flat(params) -> np.ndarray:
 @pytest.mark.timeout(1200)
 def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
     """Each process writes only the files of its own layers (process 0 also the index and
-    config.json); transformers loads the one directory with the trainer's log-probs. Also (same
+    config.json); transformers loads the one directory with the trainer's log-probs; loaded back
+    into the trainer's fsdp placement, each process reads about half the tensor bytes and gets
+    the saved values. Also (same
     processes): process 0's exception in `on_main` is raised on both processes, which then go
     on in step, and host data that differ between processes are caught on both."""
     import jax.numpy as jnp
@@ -177,13 +179,18 @@ def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
     cmd = [sys.executable, str(HERE / "mp_save_hf_child.py"), str(tmp_path)]
     _wait([_spawn([*cmd, str(i), port], 4, tmp_path / "xla", tmp_path / f"log_{i}.txt") for i in range(2)])
     written = [set(json.loads((tmp_path / f"written_{i}.json").read_text())) for i in range(2)]
-    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())["weight_map"]
+    index_file = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    index = index_file["weight_map"]
     assert written[0] and written[1] and not written[0] & written[1]
     assert written[0] | written[1] == set(index.values())
     assert all(
         index[f"model.layers.1.{n}"] in written[1] for n in ("mlp.up_proj.weight", "self_attn.q_proj.bias")
     )
     assert index["model.embed_tokens.weight"] in written[0] and index["lm_head.weight"] in written[1]
+    total = index_file["metadata"]["total_size"]
+    reads = [json.loads((tmp_path / f"read_{i}.json").read_text()) for i in range(2)]
+    assert all(r["same"] for r in reads), reads
+    assert all(0.4 * total <= r["bytes_read"] <= 0.6 * total for r in reads), (total, reads)
     for i in (0, 1):
         seen = json.loads((tmp_path / f"helpers_{i}.json").read_text())
         assert seen["on_main"] == "ValueError: process 0 failed", seen

@@ -2,7 +2,8 @@
 
 `load_hf` reads config.json and one or many *.safetensors (model.safetensors.index.json when
 sharded). With a mesh, every array is built by `jax.make_array_from_callback` from exactly the
-slice each device needs (`safe_open(...).get_slice`), so no host ever holds the whole model.
+slice each device needs, read as byte ranges (`safetensors_ranges`): a host reads its share of
+the checkpoint, never the whole model.
 `save_hf` writes sharded safetensors + index + config.json that transformers and SGLang load;
 with several processes each writes the files of the layers it owns, and no host gathers the model.
 """
@@ -25,12 +26,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from jaxswe.errors import UserError
 from jaxswe.model.config import ModelConfigError, Qwen2Config
 from jaxswe.model.params import Params, param_logical_axes, param_shapes
+from jaxswe.model.safetensors_ranges import SafetensorsFile
 from sharding.logical import Rules, logical_to_spec
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -108,30 +109,32 @@ def to_hf_layout(kind: str, ours: np.ndarray) -> np.ndarray:
     return ours.reshape(-1)
 
 
-def _read_slice(hf_slice, kind: str, head_dim: int, index: tuple[slice, ...]) -> np.ndarray:
-    """Read the part of one HF tensor that our per-layer `index` (normalized slices) covers."""
+def _read_slice(read: Callable, kind: str, head_dim: int, index: tuple[slice, ...]) -> np.ndarray:
+    """Read the part of one HF tensor that our per-layer `index` (normalized slices) covers;
+    `read(hf_index)` reads a region of the HF tensor."""
     if kind == "copy":
-        return hf_slice[index]
+        return read(index)
     if kind == "t":
-        return hf_slice[index[1], index[0]].T
+        return read((index[1], index[0])).T
     if kind == "out_heads":  # ours [E, H, D]
         se, sh, sd = index
         rows = slice(sh.start * head_dim, sh.stop * head_dim)
-        block = hf_slice[rows, se].T
+        block = read((rows, se)).T
         return block.reshape(block.shape[0], -1, head_dim)[:, :, sd]
     if kind == "in_heads":  # ours [H, D, E]
         sh, sd, se = index
-        block = hf_slice[se, slice(sh.start * head_dim, sh.stop * head_dim)].T
+        block = read((se, slice(sh.start * head_dim, sh.stop * head_dim))).T
         return block.reshape(-1, head_dim, block.shape[-1])[:, sd, :]
     sh, sd = index  # bias_heads
-    return hf_slice[slice(sh.start * head_dim, sh.stop * head_dim)].reshape(-1, head_dim)[:, sd]
+    return read((slice(sh.start * head_dim, sh.stop * head_dim),)).reshape(-1, head_dim)[:, sd]
 
 
 class _TensorFiles:
-    """Name -> safetensors file lookup over one or many files, with lazily opened handles."""
+    """Name -> safetensors file lookup over one or many files, with lazily opened files."""
 
     def __init__(self, path: Path):
         index = path / INDEX_FILE
+        self._files: dict[Path, SafetensorsFile] = {}
         if index.is_file():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
@@ -142,19 +145,26 @@ class _TensorFiles:
             files = sorted(path.glob("*.safetensors"))
             if not files:
                 raise WeightsError(f"{path}: no *.safetensors files")
-            self.file_of = {}
-            for file in files:
-                with safe_open(str(file), framework="numpy") as handle:
-                    self.file_of.update({name: file for name in handle.keys()})  # noqa: SIM118
-        self._handles: dict[Path, Any] = {}
+            self.file_of = {name: file for file in files for name in self._open(file).keys()}  # noqa: SIM118
 
-    def get_slice(self, name: str):
-        file = self.file_of[name]
-        if file not in self._handles:
+    def _open(self, file: Path) -> SafetensorsFile:
+        if file not in self._files:
             if not file.is_file():
-                raise WeightsError(f"{file}: listed in {INDEX_FILE} for {name} but missing")
-            self._handles[file] = safe_open(str(file), framework="numpy")
-        return self._handles[file].get_slice(name)
+                raise WeightsError(f"{file}: listed in {INDEX_FILE} but missing")
+            self._files[file] = SafetensorsFile(file)
+        return self._files[file]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._open(self.file_of[name]).shape(name)
+
+    def reader(self, name: str) -> Callable[[tuple[slice, ...]], np.ndarray]:
+        """read(index) -> tensor `name`'s region `index`, reading only its bytes."""
+        file = self._open(self.file_of[name])
+        return lambda index: file.read(name, _normalize(index, file.shape(name)))
+
+    def close(self) -> None:
+        for file in self._files.values():
+            file.close()
 
 
 def read_hf_config(path: str | Path, **runtime: Any) -> Qwen2Config:
@@ -179,7 +189,7 @@ def _normalize(index: tuple, shape: tuple[int, ...]) -> tuple[slice, ...]:
 def _check_tensor(files: _TensorFiles, name: str, expected: tuple[int, ...], path: Path) -> None:
     if name not in files.file_of:
         raise WeightsError(f"{path}: missing tensor {name}")
-    got = tuple(files.get_slice(name).get_shape())
+    got = files.shape(name)
     if got != expected:
         raise WeightsError(f"{path}: tensor {name} has shape {list(got)}, expected {list(expected)}")
 
@@ -190,10 +200,10 @@ def _leaf_reader(files: _TensorFiles, m: _Mapping, shape: tuple[int, ...], head_
     def read(index: tuple) -> np.ndarray:
         index = _normalize(index, shape)
         if not m.stacked:
-            return np.asarray(_read_slice(files.get_slice(m.hf_name), m.kind, head_dim, index), dtype)
+            return np.asarray(_read_slice(files.reader(m.hf_name), m.kind, head_dim, index), dtype)
         layers = range(index[0].start, index[0].stop)
         parts = [
-            _read_slice(files.get_slice(m.hf_name.format(i=i)), m.kind, head_dim, index[1:]) for i in layers
+            _read_slice(files.reader(m.hf_name.format(i=i)), m.kind, head_dim, index[1:]) for i in layers
         ]
         return np.stack(parts).astype(dtype)
 
@@ -260,12 +270,15 @@ def load_hf(
             _check_tensor(files, m.hf_name.format(i=i), _hf_shape(m.kind, per_layer), path)
 
     leaves = []
-    for m, shape, sharding in zip(flat_maps, flat_shapes, flat_place, strict=True):
-        read = _leaf_reader(files, m, shape, config.head_dim, np_dtype)
-        if sharding is None:
-            leaves.append(jnp.asarray(read(())))
-        else:
-            leaves.append(jax.make_array_from_callback(shape, sharding, read))
+    try:
+        for m, shape, sharding in zip(flat_maps, flat_shapes, flat_place, strict=True):
+            read = _leaf_reader(files, m, shape, config.head_dim, np_dtype)
+            if sharding is None:
+                leaves.append(jnp.asarray(read(())))
+            else:
+                leaves.append(jax.make_array_from_callback(shape, sharding, read))
+    finally:
+        files.close()
     return config, jax.tree.unflatten(treedef, leaves)
 
 

@@ -79,7 +79,7 @@ def test_a_refused_rerun_leaves_the_run_dir_as_it_was(tmp_path, capsys, command)
     config = tmp_path / "c.yaml"
     config.write_text("name: t\nstages: [rl]\nmodel: {preset: tiny}\nrl: {iterations: 1}\n")
     run = tmp_path / "run"
-    stage = run / "rl" if command == "pipeline" else run
+    stage = run / "rl"  # both write RUN_DIR/<stage>
     stage.mkdir(parents=True)
     from jaxswe.config import dump_config, load_config
 
@@ -93,6 +93,11 @@ def test_a_refused_rerun_leaves_the_run_dir_as_it_was(tmp_path, capsys, command)
     code, err = _run(argv + ["--resume", "--set", "model.preset=qwen2.5-0.5b"], capsys)
     assert code == 2 and "--resume cannot change the model" in err and "model.preset: 'tiny'" in err, err
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    if command == "rl":  # a stage dir given as the run dir (a run of the older layout) is that stage's
+        code, err = _run([*argv[:-1], str(stage), "--resume", "--set", "model.preset=qwen2.5-0.5b"], capsys)
+        assert code == 2 and "is a stage dir (an older layout)" in err and "cannot change the model" in err, (
+            err
+        )
     (tmp_path / "file").write_text("")
     code, err = _run([command, "--config", str(config), "--run-dir", str(tmp_path / "file")], capsys)
     assert code == 2 and "--run-dir is a file" in err, err

@@ -74,7 +74,7 @@ def run(tmp_path_factory):
     SWE episodes, saved by the stages' own writer); then `jaxswe inspect RUN_DIR`."""
     root = tmp_path_factory.mktemp("inspect") / "run"
     sets = ["--set", "rl.iterations=2", "--set", "rl.resample_to_fill=false"]
-    out = _jaxswe("rl", "--config", "configs/toy-rl.yaml", "--run-dir", str(root / "rl"), *sets)
+    out = _jaxswe("rl", "--config", "configs/toy-rl.yaml", "--run-dir", str(root), *sets)  # writes root/rl
     assert out.returncode == 0, out.stderr[-3000:]
     config = yaml.safe_load((root / "rl" / "config.yaml").read_text())
     (root / "config.yaml").write_text(yaml.safe_dump({**config, "stages": ["rl", "eval"]}))  # as a pipeline's

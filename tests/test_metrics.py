@@ -104,13 +104,14 @@ def test_a_stage_logs_to_wandb_and_mlflow_and_refuses_what_cannot_open(tmp_path,
     ]
     done = subprocess.run([*argv, str(run_dir), *sets], env=env, capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = read_rows(run_dir / "metrics.jsonl")
+    stage = run_dir / "rl"  # RUN_DIR/<stage>
+    rows = read_rows(stage / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
-    history = _wandb_history(run_dir)
+    history = _wandb_history(stage)
     assert [(h["_step"], h["pass_rate"]) for h in history] == [(r["step"], r["pass_rate"]) for r in rows]
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
-    run = client.get_run((run_dir / "mlflow_run_id").read_text().strip())
+    run = client.get_run((stage / "mlflow_run_id").read_text().strip())
     assert run.info.run_name == "toy-rl/rl" and run.data.params["rl.iterations"] == "2"
     logged = client.get_metric_history(run.info.run_id, "pass_rate")
     assert [(m.step, m.value) for m in logged] == [(r["step"], r["pass_rate"]) for r in rows]

@@ -254,6 +254,7 @@ def test_async_rl_over_http_on_two_processes(tmp_path):
     (tmp_path / "rl.yaml").write_text(yaml.safe_dump(cfg))
     server = _serve(tmp_path / "model", port, tmp_path / "serve.txt")
     run = tmp_path / "run"
+    stage = run / "rl"  # RUN_DIR/<stage>
     try:
         args = ["rl", "--config", str(tmp_path / "rl.yaml"), "--run-dir", str(run)]
         outs = _wait(_audited(args, run, 2, tmp_path / "xla"), timeout=800)
@@ -272,7 +273,7 @@ def test_async_rl_over_http_on_two_processes(tmp_path):
     assert len(pauses) == len(updates) == log.count("continue_generation") == ITERATIONS + 1, log[-3000:]
     assert updates[-1].endswith(f"serving weight_version {ITERATIONS}"), log[-3000:]
     assert "no XLA compile cache with several CPU processes" in outs[0]
-    rows = read_rows(run / "metrics.jsonl")
+    rows = read_rows(stage / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, ITERATIONS + 1))
     assert all(r["staleness_max"] <= 1 and r["infra_failures"] == 0 for r in rows)
     assert any(r["staleness_frac_1"] > 0 for r in rows)  # some trained tokens are one version old
@@ -281,15 +282,15 @@ def test_async_rl_over_http_on_two_processes(tmp_path):
     # are left out (whether an episode spans a sync here depends on timing: episodes across a
     # weight update, token by token, are test_rl_async.py's and test_serve_control.py's)
     for step in range(1, ITERATIONS + 1):
-        for ep in load_jsonl(run / "trajectories" / f"iter_{step:04d}.jsonl"):
+        for ep in load_jsonl(stage / "trajectories" / f"iter_{step:04d}.jsonl"):
             sampled = [v for v, m in zip(ep.policy_versions, ep.loss_mask, strict=True) if m]
             assert all(v >= 0 for v in sampled) and sorted(sampled) == sampled
             assert all(step - 1 - v >= 0 for v in sampled), (step, sampled)
             if ep.stage["group_kept"] and any(step - 1 - v > 1 for v in sampled):
                 assert rows[step - 1]["staleness_masked_frac"] > 0, (step, sampled)
-    wrote = _written(tmp_path / "logs_2" / "written_1.txt", run)  # Python's writes: not safetensors'
+    wrote = _written(tmp_path / "logs_2" / "written_1.txt", stage)  # Python's writes: not safetensors'
     assert wrote and all(p.parts[0] == "checkpoints" for p in wrote), wrote
-    main_wrote = {p.parts[0] for p in _written(tmp_path / "logs_2" / "written_0.txt", run)}
+    main_wrote = {p.parts[0] for p in _written(tmp_path / "logs_2" / "written_0.txt", stage)}
     assert {"metrics.jsonl", "trajectories", "plots", "summary.json", "tokenizer"} <= main_wrote, main_wrote
-    shards = sorted(p.name for p in (run / "weights").glob("*.safetensors"))  # one a process
+    shards = sorted(p.name for p in (stage / "weights").glob("*.safetensors"))  # one a process
     assert shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"], shards

@@ -60,14 +60,15 @@ def test_k0_reproduces_the_synchronous_loop_rows_through_ctrl_c_and_resume(tmp_p
     # the reference's settings (the config then had seed 1 and lr 3e-3)
     sets = ("seed=1", "optimizer.lr=3e-3", "rl.iterations=3", "rl.max_staleness=0")
     sets += ("rl.resample_to_fill=true", "rl.max_resample_rounds=2")
-    run_dir = tmp_path / "rl"
+    run_dir = tmp_path / "run"
+    stage = run_dir / "rl"  # RUN_DIR/<stage>
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     argv = ["rl", "--config", str(CONFIG), "--run-dir", str(run_dir)]
     argv += [a for s in sets for a in ("--set", s)]
     log = tmp_path / "stderr.txt"  # a file: no pipe fills while the test waits
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "jaxswe", *argv], env=env, cwd=ROOT, stderr=out)
-    while len(read_rows(run_dir / "metrics.jsonl")) < 1:
+    while len(read_rows(stage / "metrics.jsonl")) < 1:
         assert proc.poll() is None, log.read_text()[-3000:]
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
@@ -77,16 +78,16 @@ def test_k0_reproduces_the_synchronous_loop_rows_through_ctrl_c_and_resume(tmp_p
     (hint,) = [line for line in err.splitlines() if line.startswith("jaxswe: interrupted")]
     again = shlex.split(hint.split("continue with: ", 1)[1])
     assert again == ["jaxswe", *argv, "--resume"], hint
-    assert (run_dir / "plots" / "rl_curves.png").is_file() and not (run_dir / "summary.json").exists()
-    rows = read_rows(run_dir / "metrics.jsonl")
-    partial = json.loads((run_dir / "summary_partial.json").read_text())
+    assert (stage / "plots" / "rl_curves.png").is_file() and not (stage / "summary.json").exists()
+    rows = read_rows(stage / "metrics.jsonl")
+    partial = json.loads((stage / "summary_partial.json").read_text())
     assert partial["interrupted"] and partial["name"] == "rl", partial
     assert partial["steps_done"] == rows[-1]["step"] == len(rows) < 3 and partial["last_metrics"] == rows[-1]
     done = subprocess.run([sys.executable, "-m", *again], env=env, cwd=ROOT, capture_output=True, text=True)
     resumed = f"resuming RL from iteration {partial['resume_from_checkpoint']} "
     assert done.returncode == 0 and resumed in done.stderr, done.stderr[-3000:]
-    assert (run_dir / "summary.json").is_file() and not (run_dir / "summary_partial.json").exists()
-    rows = read_rows(run_dir / "metrics.jsonl")
+    assert (stage / "summary.json").is_file() and not (stage / "summary_partial.json").exists()
+    rows = read_rows(stage / "metrics.jsonl")
     want = REFERENCE["rows"]["resample"]
     assert len(rows) == len(want) == 3
     for got, ref in zip(rows, want, strict=True):

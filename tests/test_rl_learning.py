@@ -48,7 +48,7 @@ def run_toy_rl(run_dir: Path, *sets: str) -> list[dict]:
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1500, cwd=CONFIG.parents[1])
     assert out.returncode == 0, out.stderr[-3000:]
     assert "jaxswe: == rl done in " in out.stderr
-    return read_rows(run_dir / "metrics.jsonl")
+    return read_rows(run_dir / "rl" / "metrics.jsonl")
 
 
 @pytest.mark.slow

@@ -119,7 +119,7 @@ def test_short_rl_run_over_http_trains_on_mined_tasks(tmp_path):
         }))  # fmt: skip
         run_dir = tmp_path / "run"
         main(["rl", "--config", str(config), "--run-dir", str(run_dir)])
-        _check_run(run_dir, model_dir, tasks, url)
+        _check_run(run_dir / "rl", model_dir, tasks, url)  # RUN_DIR/<stage>
     finally:
         server.terminate()
         server.wait(timeout=30)

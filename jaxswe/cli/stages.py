@@ -14,7 +14,12 @@ from jaxswe.config import load_config
 from jaxswe.run.loggers import check_trackers
 
 ConfigOpt = Annotated[Path, typer.Option("--config", metavar="FILE", help="YAML config (configs/*.yaml)")]
-RunDirOpt = Annotated[Path, typer.Option("--run-dir", metavar="DIR", help="where the run writes everything")]
+RunDirOpt = Annotated[
+    Path,
+    typer.Option(
+        "--run-dir", metavar="DIR", help="where the run writes everything (each stage in DIR/<stage>)"
+    ),
+]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", metavar="KEY=VALUE", help="override section.key=value (repeatable)"),
@@ -63,6 +68,23 @@ def _compile_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+def stage_dir_of(run_dir: Path, name: str) -> Path:
+    """Where a stage command writes: RUN_DIR/<stage>, as the pipeline does (a run dir that is itself
+    a stage dir, written before this layout, is resumed where it is)."""
+    from jaxswe.errors import UserError
+    from jaxswe.run.layout import is_stage_dir
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir}: --run-dir is a file, not a directory")
+    if is_stage_dir(run_dir):
+        print(
+            f"jaxswe: {run_dir} is a stage dir (an older layout): the {name} stage writes there",
+            file=sys.stderr,
+        )
+        return run_dir
+    return run_dir / name
+
+
 def _stage_command(name: str):
     def command(
         config: ConfigOpt,
@@ -84,7 +106,7 @@ def _stage_command(name: str):
         initialize(coordinator, num_processes, process_id)
 
         _compile_cache()
-        summary = run_stage(name, cfg, run_dir, init_from=cfg.init_from, resume=resume)
+        summary = run_stage(name, cfg, stage_dir_of(run_dir, name), init_from=cfg.init_from, resume=resume)
         typer.echo(json.dumps(summary, indent=2))
 
     command.__name__ = name

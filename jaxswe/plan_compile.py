@@ -146,9 +146,10 @@ def render(report: dict[str, Any]) -> str:
         f"  {'program':<11}{'conditionals':>13}{'compiled GB':>13}{'planner GB':>12}{'planner/compiled':>18}"
         f"{'predicted s':>13}{'MFU':>6}",
     ]
-    for name, prog in report["programs"].items():
+    for name, label in PROGRAMS.items():
+        prog = report["programs"][name]
         lines.append(
-            f"  {PROGRAMS[name]:<11}{prog['conditionals']:>13}{prog['peak'] / 1e9:>13.2f}"
+            f"  {label:<11}{prog['conditionals']:>13}{prog['peak'] / 1e9:>13.2f}"
             f"{prog['planner_peak'] / 1e9:>12.2f}{prog['planner_over_compiled']:>18.2f}"
             f"{prog['predicted_s']:>13.3g}{prog['predicted_mfu']:>6.0%}"
         )
@@ -157,8 +158,8 @@ def render(report: dict[str, Any]) -> str:
         f"{report['assumed_utilization']:.0%} of {report['peak_flops'] / 1e12:.0f} TFLOP/s per device "
         "(mesh.mfu, mesh.peak_tflops); MFU counts model FLOPs only"
     )
-    hlo = [prog["hlo"] for prog in report["programs"].values() if "hlo" in prog]
-    if hlo:
+    hlo = [report["programs"][name].get("hlo") for name in PROGRAMS]
+    if all(hlo):
         lines.append(f"  optimized HLO: {', '.join(hlo)}")
     return "\n".join(lines)
 

@@ -100,6 +100,7 @@ def test_plan_compile_on_host_cpu_writes_hlo_and_counts_branches(capsys, tmp_pat
     import jax
 
     from jaxswe.compiled_memory import conditionals
+    from jaxswe.plan_compile import render
 
     args = ["plan", "--config", "configs/toy-rl.yaml", "--set", "model.attention=dense", "--compile"]
     main([*args, "--target", "cpu", "--hlo-dir", str(tmp_path / "hlo"), "--json"])
@@ -113,6 +114,10 @@ def test_plan_compile_on_host_cpu_writes_hlo_and_counts_branches(capsys, tmp_pat
         assert prog["peak"] == prog["arguments"] + prog["temporaries"] + prog["outputs"] - prog["aliased"] > 0
         assert prog["planner_over_compiled"] == pytest.approx(prog["planner_peak"] / prog["peak"])
         assert prog["predicted_s"] == pytest.approx(prog["hardware_flops"] / (8 * 989e12 * 0.4))
+    lines = render(rep).splitlines()
+    assert lines[0] == "compiled for fake host CPU devices (bytes not an H200's) x 8, attention kernel: dense"
+    assert lines[2].split()[:3] == ["train", "step", "0"] and lines[3].split()[:2] == ["recompute", "0"]
+    assert lines[-1] == f"  optimized HLO: {step['hlo']}, {rec['hlo']}"
     assert step["planner_peak"] == out["per_device_bytes"]["total"]
     assert rec["planner_peak"] == out["recompute_bytes"]["total"]
     # remat none: the step is forward + backward (3x the recompute pass's forward), MFU as assumed

@@ -38,22 +38,26 @@ def child(config: str, backend: str, dump: str) -> None:
     """Compile one config and print {"step": ..., "recompute": ...} as one JSON line."""
     import jax
 
-    from jaxswe.compiled_memory import compile_memory, config_devices, cuda_devices, peak_items, trainer_model
+    from jaxswe.compiled_memory import (
+        attention_kernel,
+        compile_memory,
+        conditionals,
+        config_devices,
+        cuda_devices,
+        peak_items,
+    )
     from jaxswe.config import load_config
-    from sharding.flash import IMPLS, resolve_impl
 
     cfg = load_config(config)
     n = config_devices(cfg)
     devices = cuda_devices(n) if backend == "cuda" else jax.devices()[:n]
     out: dict = {k: v.to_json() for k, v in compile_memory(cfg, devices).items()}
-    kind = trainer_model(cfg).attention  # the kernel the target compiles ("auto" resolved for it)
-    out["attention"] = resolve_impl(kind, devices) if kind in IMPLS else kind
+    out["attention"] = attention_kernel(cfg, devices)
     for key, module in (("step", "jit_step"), ("recompute", "jit_run")):
         ranges = sorted(Path(dump).glob(f"*{module}*live-range.txt"))
         out[key]["peak_items"] = peak_items(ranges[-1].read_text()) if ranges else {}
-        # data-dependent branches in the optimized program: each one is a host sync on a GPU
         hlo = sorted(Path(dump).glob(f"*{module}*after_optimizations.txt"))
-        out[key]["conditionals"] = hlo[-1].read_text().count(" conditional(") if hlo else None
+        out[key]["conditionals"] = conditionals(hlo[-1].read_text()) if hlo else None
     print(json.dumps(out))
 
 

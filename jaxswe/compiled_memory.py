@@ -30,6 +30,7 @@ from jaxswe.policy import model_knobs, stage_model
 from jaxswe.train.state import TrainState, abstract_params
 from jaxswe.train.trainer import make_steps
 from sharding import make_rules
+from sharding.flash import IMPLS, resolve_impl
 from sharding.mesh import AXES, resolve_axis_sizes
 
 # An H200 as XLA's GPU compiler sees it (GpuTargetConfigProto, text format): the datasheet's
@@ -93,7 +94,7 @@ def _shard_bytes(leaf: Any, sharding: Any) -> int:
     return math.prod(sharding.shard_shape(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize
 
 
-def _analyse(compiled: Any, groups: dict[str, Any]) -> CompiledMemory:
+def analyse(compiled: Any, groups: dict[str, Any]) -> CompiledMemory:
     ma = compiled.memory_analysis()
     shardings = compiled.input_shardings[0]
     flat_sh = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
@@ -125,11 +126,11 @@ def _mesh(cfg: RunConfig, devices: Sequence[Any]) -> Mesh:
     return Mesh(np.asarray(devices).reshape([sizes.get(n, 1) for n in names]), names)
 
 
-def compile_memory(
+def compile_programs(
     cfg: RunConfig, devices: Sequence[Any], stage: str | None = None, **model_changes: Any
-) -> dict[str, CompiledMemory]:
-    """{"step": ..., "recompute": ...} per-device compiled memory of the config's training stage
-    (`model_changes`, e.g. num_layers, resize the model for per-layer slopes)."""
+) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """{"step": ..., "recompute": ...}: each compiled executable of the config's training stage with
+    its argument groups (`model_changes`, e.g. num_layers, resize the model for per-layer slopes)."""
     stage = stage or ("rl" if "rl" in cfg.stages else "rft")
     model_cfg = trainer_model(cfg, **model_changes)
     mesh, rules = _mesh(cfg, devices), make_rules(cfg.mesh.rules)
@@ -148,11 +149,33 @@ def compile_memory(
     floats = ("loss_mask", "advantages", "rollout_logprobs", "old_logprobs")
     dtypes = dict.fromkeys(floats, jnp.float32)
     batch = {k: jax.ShapeDtypeStruct((rows, seq), dtypes.get(k, jnp.int32)) for k in step.fields}
-    compiled = step.jitted.lower(state, batch).compile()
-    out = {"step": _analyse(compiled, {"params": params, "optimizer": state.opt_state, "step": state.step})}
     lp_batch = {k: batch[k] for k in ("input_ids", "positions", "segment_ids")}
-    out["recompute"] = _analyse(steps.logprobs.jitted.lower(params, lp_batch).compile(), {"params": params})
-    return out
+    return {
+        "step": (
+            step.jitted.lower(state, batch).compile(),
+            {"params": params, "optimizer": state.opt_state, "step": state.step},
+        ),
+        "recompute": (steps.logprobs.jitted.lower(params, lp_batch).compile(), {"params": params}),
+    }
+
+
+def compile_memory(
+    cfg: RunConfig, devices: Sequence[Any], stage: str | None = None, **model_changes: Any
+) -> dict[str, CompiledMemory]:
+    """{"step": ..., "recompute": ...} per-device compiled memory of the config's training stage."""
+    programs = compile_programs(cfg, devices, stage, **model_changes)
+    return {name: analyse(compiled, groups) for name, (compiled, groups) in programs.items()}
+
+
+def attention_kernel(cfg: RunConfig, devices: Sequence[Any]) -> str:
+    """The attention kernel the config compiles with on `devices` ("auto" resolved for them)."""
+    kind = trainer_model(cfg).attention
+    return resolve_impl(kind, devices) if kind in IMPLS else kind
+
+
+def conditionals(hlo_text: str) -> int:
+    """`conditional` ops in an HLO module's text: data-dependent branches, each a host sync on a GPU."""
+    return hlo_text.count(" conditional(")
 
 
 def config_devices(cfg: RunConfig) -> int:
@@ -162,7 +185,11 @@ def config_devices(cfg: RunConfig) -> int:
 __all__ = [
     "H200_TARGET",
     "CompiledMemory",
+    "analyse",
+    "attention_kernel",
     "compile_memory",
+    "compile_programs",
+    "conditionals",
     "config_devices",
     "cuda_devices",
     "trainer_model",

@@ -6,7 +6,8 @@ GPU compiler allocates for jaxswe's train step and recompute pass (checked per i
 deviceless H200 compiles of every shipped config by bench/bench_planner.py): two float32 gradient
 copies, whole-vocab float32 gradients, the layer inputs saved under the remat policy, float32
 layout copies of two weights, and the largest transient buffer. FLOPs are 6 x matmul params x
-tokens plus causal attention, times 4/3 when layers are recomputed in the backward pass.
+tokens plus causal attention, times 4/3 when layers are recomputed in the backward pass; the recompute
+pass is the forward alone, a third of the model FLOPs.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class Plan:
     advice: str
     model_flops: float  # per optimizer step, all devices
     hardware_flops: float  # with rematerialization
+    recompute_flops: float  # the old-log-prob recompute pass: the forward alone
     step_time_s: float  # at `mfu`
     mfu: float
 
@@ -290,6 +292,7 @@ def plan(inp: PlanInput) -> Plan:
         advice=advice,
         model_flops=model_flops,
         hardware_flops=hardware_flops,
+        recompute_flops=model_flops / 3,
         step_time_s=step_time,
         mfu=inp.mfu,
     )

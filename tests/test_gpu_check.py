@@ -44,5 +44,6 @@ def test_gpu_check_cpu_dry_run(tmp_path):
     err = rows["attention T=320 fused vs blockwise: max rel error (out, dq, dk, dv)"]["value"]
     assert err < 0.05  # bf16 inputs, float32 accumulation in both kernels
     assert rows["train step T=128 peak memory vs planner"]["planned_gb"] > 0
+    assert rows["train step T=512 step time vs predicted"]["predicted_s"] > 0  # jaxswe plan --compile's
     table = (out / "check.md").read_text()
     assert table.count("\n| ") == len(result["rows"]) + 2 and "CPU DRY RUN" in table

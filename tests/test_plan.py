@@ -92,3 +92,43 @@ def test_plan_cli_json_and_errors(capsys, tmp_path):
     with pytest.raises(SystemExit) as ex:
         main(["plan", "--config", str(bad)])
     assert ex.value.code == 2 and "no config.json" in capsys.readouterr().err
+
+
+def test_plan_compile_on_host_cpu_writes_hlo_and_counts_branches(capsys, tmp_path, monkeypatch):
+    """`--compile --target cpu`: the child process and code path of the deviceless H200 compile, on
+    8 fake CPU devices (toy-rl, dense attention: no branch in its loops); ~10 s."""
+    import jax
+
+    from jaxswe.compiled_memory import conditionals
+    from jaxswe.plan_compile import render
+
+    args = ["plan", "--config", "configs/toy-rl.yaml", "--set", "model.attention=dense", "--compile"]
+    main([*args, "--target", "cpu", "--hlo-dir", str(tmp_path / "hlo"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    rep = out["compiled"]
+    assert (rep["target"], rep["devices"], rep["kernel"], rep["fits"]) == ("cpu", 8, "dense", True)
+    step, rec = rep["programs"]["step"], rep["programs"]["recompute"]
+    for prog in (step, rec):
+        text = Path(prog["hlo"]).read_text()
+        assert text.startswith("HloModule") and prog["conditionals"] == conditionals(text) == 0
+        assert prog["peak"] == prog["arguments"] + prog["temporaries"] + prog["outputs"] - prog["aliased"] > 0
+        assert prog["planner_over_compiled"] == pytest.approx(prog["planner_peak"] / prog["peak"])
+        assert prog["predicted_s"] == pytest.approx(prog["hardware_flops"] / (8 * 989e12 * 0.4))
+    lines = render(rep).splitlines()
+    assert lines[0] == "compiled for fake host CPU devices (bytes not an H200's) x 8, attention kernel: dense"
+    assert lines[2].split()[:3] == ["train", "step", "0"] and lines[3].split()[:2] == ["recompute", "0"]
+    assert lines[-1] == f"  optimized HLO: {step['hlo']}, {rec['hlo']}"
+    assert step["planner_peak"] == out["per_device_bytes"]["total"]
+    assert rec["planner_peak"] == out["recompute_bytes"]["total"]
+    # remat none: the step is forward + backward (3x the recompute pass's forward), MFU as assumed
+    assert step["hardware_flops"] == pytest.approx(3 * rec["hardware_flops"]) and step["predicted_mfu"] == 0.4
+    # the counter sees a data-dependent branch in an optimized program
+    branchy = jax.jit(lambda x: jax.lax.cond(x.sum() > 0, jax.numpy.sin, lambda y: y, x))
+    assert conditionals(branchy.lower(jax.numpy.ones(4)).compile().as_text()) == 1
+    # an H200 compile without the plugin: one line saying how to get it, exit 2
+    monkeypatch.delenv("JAXSWE_CUDA_PLUGIN", raising=False)
+    with pytest.raises(SystemExit) as ex:
+        main(args)
+    err = capsys.readouterr().err
+    assert ex.value.code == 2 and "pip install --no-deps --target" in err
+    assert len(err.strip().splitlines()) == 1

@@ -14,7 +14,8 @@ timeout loses only that section's rows (and a section keeps the rows it finished
 - train_8k, train_32k: the bf16 SFT train step (fp32 master weights, AdamW, full remat, the
   attention training picks by default) of a Qwen2.5-1.5B-shaped model, 32K tokens per step:
   tokens/s, TFLOP/s counted as the planner counts (6 x matmul params x tokens + causal attention,
-  recompute not counted), MFU against the measured matmul peak, and the device's peak memory
+  recompute not counted), MFU against the measured matmul peak, the step time beside the one
+  `jaxswe plan --compile` predicts (planner FLOPs at the assumed MFU), the device's peak memory
   against `sharding.planner`'s per-device total;
 - decode: the embedded sampler's decode tokens/s at batch 32 (same model shape, bf16 weights);
 - tiles: the fused kernel at 8K under a few other tilings, with whatever budget is left.
@@ -297,19 +298,18 @@ def _train_section(rows: Rows, dry: bool, peaks: dict, seq_len: int) -> None:
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - t0)
     sec = statistics.median(times)
-    p = plan(
-        PlanInput(
-            model=cfg.planner_shape(),
-            mesh={"fsdp": n_dev},
-            seq_len=seq_len,
-            rows=rows_per_step,
-            remat=cfg.remat,
-            param_dtype=cfg.param_dtype,
-            compute_dtype=cfg.dtype,
-            attention_block=cfg.attention_block,
-            logprob_chunk=cfg.logprob_chunk,
-        )
+    inp = PlanInput(
+        model=cfg.planner_shape(),
+        mesh={"fsdp": n_dev},
+        seq_len=seq_len,
+        rows=rows_per_step,
+        remat=cfg.remat,
+        param_dtype=cfg.param_dtype,
+        compute_dtype=cfg.dtype,
+        attention_block=cfg.attention_block,
+        logprob_chunk=cfg.logprob_chunk,
     )
+    p = plan(inp)
     tflops = p.model_flops / sec / 1e12
     peak = peaks.get("matmul_tflops")
     label = f"train step {seq_len // 1024}K" if seq_len >= 1024 else f"train step T={seq_len}"
@@ -318,6 +318,14 @@ def _train_section(rows: Rows, dry: bool, peaks: dict, seq_len: int) -> None:
         f"{label} tokens/s", tokens / sec, "tok/s", f"{what}; {sec:.2f} s/step; compile+first {first:.0f} s"
     )
     rows.add(f"{label} TFLOP/s (6N + attention)", tflops, "TFLOP/s", f"{p.model_flops:.3e} FLOPs/step")
+    rows.add(
+        f"{label} step time vs predicted",
+        sec,
+        "s",
+        f"predicted {p.step_time_s:.3g} s (`jaxswe plan --compile`'s: planner FLOPs with recompute at "
+        f"{p.mfu:.0%} of {inp.peak_flops / 1e12:.0f} TFLOP/s); measured/predicted {sec / p.step_time_s:.2f}",
+        predicted_s=p.step_time_s,
+    )
     rows.add(
         f"{label} MFU vs measured peak",
         100 * tflops / peak if peak else None,

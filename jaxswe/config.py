@@ -243,10 +243,10 @@ class RLSection(Section):
         return self
 
 
-class MetricsSection(Section):
-    """Experiment trackers beside metrics.jsonl and TensorBoard (jaxswe.run.loggers)."""
+class LoggingSection(Section):
+    """Where metrics rows go besides metrics.jsonl (jaxswe.run.loggers)."""
 
-    loggers: list[Literal["wandb", "mlflow"]] = Field(default_factory=list)
+    backends: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=lambda: ["tensorboard"])
     project: str = "jaxswe"  # the W&B project / MLflow experiment
 
 
@@ -279,7 +279,7 @@ class RunConfig(Section):
     rft: RFTSection = Field(default_factory=RFTSection)
     rl: RLSection = Field(default_factory=RLSection)
     eval: EvalSection = Field(default_factory=EvalSection)
-    metrics: MetricsSection = Field(default_factory=MetricsSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:

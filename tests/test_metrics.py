@@ -75,10 +75,10 @@ def _wandb_history(run_dir) -> list[dict]:
 
 
 def test_a_stage_logs_to_wandb_and_mlflow_and_refuses_what_cannot_open(tmp_path, monkeypatch):
-    """`metrics.loggers: [wandb, mlflow]`: a real `jaxswe rl` stage sends each iteration's scalars to
-    a W&B run (offline mode, read back from its file) and an MLflow run (a file store, read back
-    through MLflow's client), the config as the runs' parameters; a tracker that cannot open is
-    refused in one line before the stage starts."""
+    """`logging.backends: [tensorboard, wandb, mlflow]`: a real `jaxswe rl` stage sends each
+    iteration's scalars to TensorBoard, a W&B run (offline mode, read back from its file) and an
+    MLflow run (a file store, read back through MLflow's client), the config as the runs'
+    parameters; a tracker that cannot open is refused in one line before the stage starts."""
     import mlflow
 
     run_dir = tmp_path / "rl"
@@ -100,11 +100,12 @@ def test_a_stage_logs_to_wandb_and_mlflow_and_refuses_what_cannot_open(tmp_path,
         "--set",
         "rl.resample_to_fill=false",
         "--set",
-        "metrics.loggers=[wandb,mlflow]",
+        "logging.backends=[tensorboard,wandb,mlflow]",
     ]
     done = subprocess.run([*argv, str(run_dir), *sets], env=env, capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     stage = run_dir / "rl"  # RUN_DIR/<stage>
+    assert list((stage / "tb").glob("events.out.tfevents.*"))
     rows = read_rows(stage / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     history = _wandb_history(stage)
@@ -121,3 +122,16 @@ def test_a_stage_logs_to_wandb_and_mlflow_and_refuses_what_cannot_open(tmp_path,
                              cwd=ROOT)  # fmt: skip
     assert refused.returncode == 2 and "set MLFLOW_TRACKING_URI" in refused.stderr, refused.stderr[-2000:]
     assert not (tmp_path / "other").exists()
+
+
+def test_backends_name_what_is_written(tmp_path):
+    """`logging.backends: []`: metrics.jsonl alone, no TensorBoard events."""
+    from jaxswe.config import config_from_dict
+    from jaxswe.run.loggers import stage_trackers
+
+    cfg = config_from_dict({"logging": {"backends": []}})
+    m = MetricsLogger(tmp_path, trackers=stage_trackers(cfg, tmp_path, "rl"))
+    m.log(1, {"pass_rate": 0.5})
+    m.close()
+    assert read_rows(tmp_path / "metrics.jsonl") == [{"step": 1, "pass_rate": 0.5}]
+    assert not (tmp_path / "tb").exists()

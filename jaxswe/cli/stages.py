@@ -97,7 +97,7 @@ def _stage_command(name: str):
         process_id: ProcessIdOpt = None,
     ) -> None:
         cfg = load_config(config, set_ or [])  # before the heavy imports: a bad config fails at once
-        check_trackers(cfg.metrics.loggers)
+        check_trackers(cfg.logging.backends)
         if init_from:
             cfg = cfg.model_copy(update={"init_from": init_from})
         from jaxswe.distributed import initialize
@@ -129,7 +129,7 @@ def pipeline(
 ) -> None:
     """Run the config's stages in order, each in RUN_DIR/<stage> (warmstart, rft, rl, eval)."""
     cfg = load_config(config, set_ or [])
-    check_trackers(cfg.metrics.loggers)
+    check_trackers(cfg.logging.backends)
     from jaxswe.distributed import initialize
     from jaxswe.stages.stages import run_pipeline
 

@@ -1,6 +1,8 @@
-"""Experiment trackers beside metrics.jsonl and TensorBoard: Weights & Biases and MLflow.
+"""Where metrics rows go besides metrics.jsonl: TensorBoard, Weights & Biases, MLflow.
 
-`metrics.loggers: [wandb, mlflow]` in the config (extras `jaxswe[wandb]`, `jaxswe[mlflow]`). Each
+`logging.backends` in the config (default [tensorboard]; W&B and MLflow from the extras
+`jaxswe[wandb]`, `jaxswe[mlflow]`). TensorBoard events live in `<dir>/tb`; a resumed stage purges
+the events past its last checkpoint. Each
 stage dir is one tracked run, resumed as the same run: W&B's run id is derived from the stage
 dir's path, MLflow's is kept in `<dir>/mlflow_run_id`. W&B follows its own settings (`wandb
 login`, WANDB_MODE=offline for no network); MLflow logs to MLFLOW_TRACKING_URI, which must be set
@@ -33,17 +35,32 @@ def check_trackers(names: list[str]) -> None:
     """Refuse, before a stage starts, trackers that cannot open: not installed, or MLflow with no
     MLFLOW_TRACKING_URI."""
     for name in names:
-        if importlib.util.find_spec(name) is None:
-            raise UserError(
-                f"metrics.loggers names {name}, which is not installed: pip install 'jaxswe[{name}]'"
-            )
+        if importlib.util.find_spec("tensorboardX" if name == "tensorboard" else name) is None:
+            raise UserError(f"logging.backends names {name}, not installed: pip install 'jaxswe[{name}]'")
     if "mlflow" in names and not os.environ.get("MLFLOW_TRACKING_URI"):
-        raise UserError("metrics.loggers names mlflow: set MLFLOW_TRACKING_URI (e.g. http://host:5000)")
+        raise UserError("logging.backends names mlflow: set MLFLOW_TRACKING_URI (e.g. http://host:5000)")
 
 
 def _module(name: str) -> Any:
     check_trackers([name])
     return importlib.import_module(name)
+
+
+class TensorBoardTracker:
+    """Scalars as TensorBoard events in `<dir>/tb` (events from `start_step` on purged first)."""
+
+    def __init__(self, directory: Path, start_step: int = 0):
+        from tensorboardX import SummaryWriter  # imported here: it pulls in torch when installed
+
+        self.writer = SummaryWriter(str(Path(directory) / "tb"), purge_step=start_step or None)
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        for key, value in scalars.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 class WandbTracker:
@@ -98,23 +115,27 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-TRACKERS = {"wandb": WandbTracker, "mlflow": MlflowTracker}
-
-
 def open_trackers(
-    names: list[str], directory: str | Path, *, project: str, run_name: str, config: dict[str, Any]
-) -> list[Tracker]:
+    names: list[str], directory: str | Path, *, start_step: int, project: str, run_name: str,
+    config: dict[str, Any],
+) -> list[Tracker]:  # fmt: skip
     """The trackers `names` for the stage dir `directory` (made if missing)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    return [TRACKERS[name](directory, project, run_name, config) for name in names]
+    external = {"wandb": WandbTracker, "mlflow": MlflowTracker}
+    return [
+        TensorBoardTracker(directory, start_step)
+        if name == "tensorboard"
+        else external[name](directory, project, run_name, config)
+        for name in names
+    ]
 
 
-def stage_trackers(cfg: Any, directory: str | Path, stage: str) -> Callable[[], list[Tracker]] | None:
-    """What a stage's MetricsLogger opens on process 0: the config's trackers for `directory`, as the
-    run `<config name>/<stage>` with the whole config as its parameters (None: no tracker)."""
-    names = list(cfg.metrics.loggers)
-    if not names:
-        return None
-    project, run_name, config = cfg.metrics.project, f"{cfg.name}/{stage}", cfg.model_dump(mode="json")
-    return lambda: open_trackers(names, directory, project=project, run_name=run_name, config=config)
+def stage_trackers(cfg: Any, directory: str | Path, stage: str) -> Callable[[int], list[Tracker]]:
+    """What a stage's MetricsLogger opens on process 0: the config's `logging.backends` for
+    `directory`, as the run `<config name>/<stage>` with the whole config as its parameters."""
+    names, project = list(cfg.logging.backends), cfg.logging.project
+    run_name, config = f"{cfg.name}/{stage}", cfg.model_dump(mode="json")
+    return lambda start_step: open_trackers(
+        names, directory, start_step=start_step, project=project, run_name=run_name, config=config
+    )

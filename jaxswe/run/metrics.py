@@ -52,34 +52,34 @@ def _scalar(value: Any) -> float | None:
 
 
 class MetricsLogger:
-    """Appends rows to `<dir>/metrics.jsonl` and scalars to TensorBoard under `<dir>/tb`.
+    """Appends rows to `<dir>/metrics.jsonl` and sends their scalars to the trackers
+    (jaxswe.run.loggers; by default TensorBoard under `<dir>/tb`).
 
-    `start_step` is the first step this process will log; on resume, rows and events from that
-    step on are removed first so nothing is duplicated. Only process 0 writes (elsewhere `log`
-    does nothing).
+    `start_step` is the first step this process will log; on resume, rows (and TensorBoard events)
+    from that step on are removed first so nothing is duplicated. `trackers(start_step)` opens the
+    trackers. Only process 0 writes (elsewhere `log` does nothing).
     """
 
     def __init__(
-        self, directory: str | Path, *, start_step: int = 0, trackers: Callable[[], list] | None = None
+        self, directory: str | Path, *, start_step: int = 0, trackers: Callable[[int], list] | None = None
     ):
+        from jaxswe.run.loggers import TensorBoardTracker
+
         self.directory = Path(directory)
         self.path = self.directory / "metrics.jsonl"
-        self._tb = None
-        self._trackers: list = []
+        self._trackers: list | None = None
         if not is_main():
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
             truncate_after(self.path, start_step - 1)
         self.path.touch()
-        from tensorboardX import SummaryWriter  # imported here: it pulls in torch when installed
-
-        self._tb = SummaryWriter(str(self.directory / "tb"), purge_step=start_step if start_step else None)
-        self._trackers = trackers() if trackers is not None else []  # opened on process 0 only
+        opened = trackers(start_step) if trackers else [TensorBoardTracker(self.directory, start_step)]
+        self._trackers = opened
 
     def log(self, step: int, row: dict[str, Any]) -> None:
         """Write one row (flushed and fsynced: it is durable once this returns)."""
-        if self._tb is None:
+        if self._trackers is None:
             return
         full = {"step": int(step), **row}
         with self.path.open("a") as f:
@@ -87,15 +87,10 @@ class MetricsLogger:
             f.flush()
             os.fsync(f.fileno())
         scalars = {k: s for k, v in row.items() if (s := _scalar(v)) is not None}
-        for key, scalar in scalars.items():
-            self._tb.add_scalar(key, scalar, int(step))
-        self._tb.flush()
         for tracker in self._trackers:
             tracker.log(int(step), scalars)
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-        for tracker in self._trackers:
+        for tracker in self._trackers or []:
             tracker.close()
-        self._trackers = []
+        self._trackers = None

@@ -74,6 +74,9 @@ class OptimizerSection(Section):
     # Token-budget batching: rows per row shard in one micro-batch; the micro-batch count then
     # follows each step's packed row count instead of `micro_batches`.
     micro_batch_rows: int | None = Field(None, gt=0)
+    # dtype the weight gradients are formed and reduced across devices in (FSDP's reduce-scatter)
+    # when model.dtype is bfloat16: float32 doubles that traffic; bfloat16 rounds every partial sum
+    grad_reduce_dtype: Literal["float32", "bfloat16"] = "float32"
 
     @model_validator(mode="after")
     def _cosine_needs_total(self) -> OptimizerSection:

@@ -68,6 +68,7 @@ def plan_input(cfg: RunConfig, stage: str | None = None) -> tuple[PlanInput, str
         remat=cfg.model.remat,
         param_dtype=cfg.model.param_dtype,
         compute_dtype=cfg.model.dtype,
+        grad_reduce_dtype=cfg.optimizer.grad_reduce_dtype,
         rules=m.rules,
         attention_block=cfg.model.attention_block,
         logprob_chunk=cfg.model.logprob_chunk,

@@ -50,11 +50,12 @@ class Policy:
 
 
 def model_knobs(cfg: RunConfig) -> dict[str, Any]:
-    """Runtime fields of Qwen2Config that come from the config's model section."""
+    """Runtime fields of Qwen2Config that come from the config's model and optimizer sections."""
     m = cfg.model
     return {
         "dtype": m.dtype,
         "param_dtype": m.param_dtype,
+        "grad_reduce_dtype": cfg.optimizer.grad_reduce_dtype,
         "remat": m.remat,
         "attention": m.attention,
         "attention_block": m.attention_block,

@@ -85,6 +85,7 @@ class PlanInput:
     remat: str = "full"
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
+    grad_reduce_dtype: str = "float32"  # the gathered layer's weight gradients (jaxswe.model.precision)
     rules: Mapping[str, Any] | None = None
     attention_block: int = 512
     logprob_chunk: int = 1024
@@ -155,7 +156,7 @@ def plan(inp: PlanInput) -> Plan:
     m = inp.model
     if inp.remat not in REMAT_POLICIES:
         raise ShardingError(f"remat {inp.remat!r} not in {REMAT_POLICIES}")
-    for name in ("param_dtype", "compute_dtype"):
+    for name in ("param_dtype", "compute_dtype", "grad_reduce_dtype"):
         if getattr(inp, name) not in _BYTES:
             raise ShardingError(f"{name} {getattr(inp, name)!r} not in {sorted(_BYTES)}")
     rules = make_rules(inp.rules)
@@ -164,6 +165,7 @@ def plan(inp: PlanInput) -> Plan:
         raise ShardingError(f"planner needs resolved mesh sizes (no -1), got {dict(inp.mesh)}")
     devices = math.prod(sizes.values())
     pbytes, abytes = _BYTES[inp.param_dtype], _BYTES[inp.compute_dtype]
+    gbytes = _BYTES[inp.grad_reduce_dtype]
 
     shard_elems = 0
     layout_elems = 0  # the w_down and wo shards (see "layout_copies")
@@ -215,8 +217,9 @@ def plan(inp: PlanInput) -> Plan:
         # one layer's arrays recomputed in the backward pass under remat, plus the cotangents alive
         # while walking back through them (about half as many)
         "layer_recompute": 1.5 * layer_recompute if inp.remat != "none" else 0,
-        # one layer's all-gathered weights (compute dtype, current + prefetched) and their f32 grads
-        "gathered_layer": layer_elems * (2 * abytes + 4),
+        # one layer's all-gathered weights (compute dtype, current + prefetched) and their unreduced
+        # gradients (grad_reduce_dtype, or the compute dtype when that is wider)
+        "gathered_layer": layer_elems * (2 * abytes + max(gbytes, abytes)),
     }
     largest = max(transients, key=transients.get)
     grad_copies = 1 if inp.num_micro == 1 else 2  # the micro-batch sum and this micro-batch's

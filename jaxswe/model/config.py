@@ -93,7 +93,8 @@ class Qwen2Config:
 
     `rope_scaling` accepts a YarnScaling or a Hugging Face style dict ({"rope_type": "yarn", ...}).
     Runtime knobs: `dtype` (compute dtype; softmax, norms and log-probs are float32 regardless),
-    `param_dtype` (init_params), `remat` (none | full | save_projections), `attention`
+    `param_dtype` (init_params), `grad_reduce_dtype` (weight gradients are formed and summed across
+    devices in it: jaxswe.model.precision), `remat` (none | full | save_projections), `attention`
     (auto | blockwise | pallas | dense | cudnn: see jaxswe.model.attention), `attention_block`
     (tokens per q/kv block), `logprob_chunk` (tokens per chunk of the vocabulary projection).
     """
@@ -112,6 +113,7 @@ class Qwen2Config:
     rope_scaling: YarnScaling | None = None
     dtype: str = "bfloat16"
     param_dtype: str = "float32"
+    grad_reduce_dtype: str = "float32"
     remat: str = "full"
     attention: str = "auto"
     attention_block: int = 512
@@ -135,8 +137,8 @@ class Qwen2Config:
             )
         if self.head_dim % 2:
             raise ModelConfigError(f"model config: head_dim {self.head_dim} must be even for RoPE")
-        for name, allowed in (("dtype", DTYPES), ("param_dtype", DTYPES), ("remat", REMAT_POLICIES),
-                              ("attention", ATTENTION_KINDS)):  # fmt: skip
+        for name, allowed in (("dtype", DTYPES), ("param_dtype", DTYPES), ("grad_reduce_dtype", DTYPES),
+                              ("remat", REMAT_POLICIES), ("attention", ATTENTION_KINDS)):  # fmt: skip
             if getattr(self, name) not in allowed:
                 raise ModelConfigError(f"model config: {name} {getattr(self, name)!r} not in {allowed}")
 

@@ -17,6 +17,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxswe.model.attention import AttentionFn, attention_from_config
 from jaxswe.model.config import Qwen2Config
 from jaxswe.model.params import Params
+from jaxswe.model.precision import broadcast_weight, weight_einsum
 from jaxswe.model.rope import apply_rope, rope_cos_sin
 from sharding.logical import constrain
 
@@ -24,11 +25,13 @@ _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "attn_out", "o_proj", "gate_proj",
 ACT = ("batch", "length", "act_embed")
 
 
-def rms_norm(x: jnp.ndarray, scale: jnp.ndarray, eps: float) -> jnp.ndarray:
-    """x / rms(x) in float32, cast back to x's dtype, times scale (transformers' order)."""
+def rms_norm(x: jnp.ndarray, scale: jnp.ndarray, eps: float, grad_dtype=None) -> jnp.ndarray:
+    """x / rms(x) in float32, cast back to x's dtype, times scale (transformers' order); scale's
+    gradient is summed in `grad_dtype` (default x's dtype)."""
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return scale.astype(x.dtype) * normed.astype(x.dtype)
+    normed = normed.astype(x.dtype)
+    return broadcast_weight(scale, normed, grad_dtype or x.dtype) * normed
 
 
 def default_positions(input_ids: jnp.ndarray, segment_ids: jnp.ndarray | None) -> jnp.ndarray:
@@ -45,11 +48,11 @@ def default_positions(input_ids: jnp.ndarray, segment_ids: jnp.ndarray | None) -
 
 def qkv(h, lp, config: Qwen2Config, cos, sin):
     """Query [B,T,H,D], key and value [B,T,Hkv,D] with biases and RoPE applied."""
-    dt = h.dtype
+    gd = config.grad_reduce_dtype
 
     def proj(w, b, name):
-        y = jnp.einsum("bte,ehd->bthd", h, w.astype(dt)) + b.astype(dt)
-        return checkpoint_name(y, name)
+        y = weight_einsum("bte,ehd->bthd", h, w, gd)
+        return checkpoint_name(y + broadcast_weight(b, y, gd), name)
 
     q = proj(lp["wq"], lp["bq"], "q_proj")
     k = proj(lp["wk"], lp["bk"], "k_proj")
@@ -62,15 +65,15 @@ def qkv(h, lp, config: Qwen2Config, cos, sin):
 
 def finish_layer(x, attn_bthd, lp, config: Qwen2Config):
     """Output projection + residual, then the SwiGLU MLP block + residual."""
-    dt = x.dtype
+    gd = config.grad_reduce_dtype
     attn_bthd = checkpoint_name(attn_bthd, "attn_out")
-    o = checkpoint_name(jnp.einsum("bthd,hde->bte", attn_bthd, lp["wo"].astype(dt)), "o_proj")
+    o = checkpoint_name(weight_einsum("bthd,hde->bte", attn_bthd, lp["wo"], gd), "o_proj")
     x = constrain(x + o, ACT)
-    h = rms_norm(x, lp["mlp_norm"], config.rms_norm_eps)
-    gate = checkpoint_name(jnp.einsum("bte,ef->btf", h, lp["w_gate"].astype(dt)), "gate_proj")
-    up = checkpoint_name(jnp.einsum("bte,ef->btf", h, lp["w_up"].astype(dt)), "up_proj")
+    h = rms_norm(x, lp["mlp_norm"], config.rms_norm_eps, gd)
+    gate = checkpoint_name(weight_einsum("bte,ef->btf", h, lp["w_gate"], gd), "gate_proj")
+    up = checkpoint_name(weight_einsum("bte,ef->btf", h, lp["w_up"], gd), "up_proj")
     act = constrain(jax.nn.silu(gate) * up, ("batch", "length", "act_mlp"))
-    down = checkpoint_name(jnp.einsum("btf,fe->bte", act, lp["w_down"].astype(dt)), "down_proj")
+    down = checkpoint_name(weight_einsum("btf,fe->bte", act, lp["w_down"], gd), "down_proj")
     return constrain(x + down, ACT)
 
 
@@ -110,7 +113,7 @@ def forward(
     cos, sin = rope_cos_sin(config, positions)
 
     def layer(x, lp):
-        h = rms_norm(x, lp["attn_norm"], config.rms_norm_eps)
+        h = rms_norm(x, lp["attn_norm"], config.rms_norm_eps, config.grad_reduce_dtype)
         q, k, v = qkv(h, lp, config, cos, sin)
         out = attend(q, k, v, q_positions=positions, kv_positions=positions, q_segment_ids=segment_ids,
                      kv_segment_ids=segment_ids)  # fmt: skip
@@ -120,7 +123,7 @@ def forward(
     if policy is not None:
         layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
     x, _ = jax.lax.scan(layer, embed(params, config, input_ids), params["layers"])
-    return rms_norm(x, params["final_norm"], config.rms_norm_eps)
+    return rms_norm(x, params["final_norm"], config.rms_norm_eps, config.grad_reduce_dtype)
 
 
 def unembedding(params: Params) -> jnp.ndarray:

@@ -81,6 +81,17 @@ def test_demo_pipeline_shrunk(tmp_path, capsys):
         logp = np.asarray(token_logprobs(params[stage], model_cfg, jnp.asarray(ids)))
         gap = np.abs(logp[mask] - np.asarray([episode["rollout_logprobs"]])[mask]).max()
         assert (gap < 1e-3) == expect, (stage, gap)
+    # as a person reads it: `jaxswe inspect` on the run (its RL stage on built-in tasks) in chromium
+    from test_inspect import _dump_dom, _episodes, assert_screenshot_not_blank
+
+    report = tmp_path / "report.html"
+    main(["inspect", str(run_dir), "--out", str(report)])
+    dom = _dump_dom(report, "")
+    assert 'data-ready="1"' in dom and all(f"<h2>{s} " in dom for s in ("warmstart", "rft", "rl", "eval"))
+    rl_episodes = (run_dir / "rl" / "trajectories" / "iter_0001.jsonl").read_text().splitlines()
+    assert "iter_0001.jsonl" in dom and len(_episodes(dom)) >= len(rl_episodes)
+    assert sum('<div class="turn">' in e for e in _episodes(dom)) >= len(rl_episodes)  # turn by turn
+    assert_screenshot_not_blank(report, tmp_path / "report.png")
 
 
 def _distance(a, b) -> float:

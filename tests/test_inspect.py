@@ -237,21 +237,12 @@ def test_an_interrupted_stage_shows_its_partial_summary(tmp_path):
     assert stage.summary["last_metrics"]["pass_rate"] == 0.5
 
 
-def test_browser_screenshot_is_not_blank(run, tmp_path):
-    """What a person sees: chromium's screenshot of the report holds text and charts, not one colour."""
+def assert_screenshot_not_blank(html_path: Path, shot: Path) -> None:
+    """What a person sees: chromium's screenshot of a report holds text and charts, not one colour."""
     from matplotlib.image import imread
 
-    root, _, _ = run
-    shot = tmp_path / "report.png"
-    argv = [
-        _browser(),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--hide-scrollbars",
-        "--window-size=1200,900",
-    ]
-    argv += [f"--screenshot={shot}", f"file://{root / 'report.html'}"]
+    argv = [_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    argv += ["--window-size=1200,900", f"--screenshot={shot}", f"file://{html_path}"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=90)
     assert out.returncode == 0 and shot.is_file(), out.stderr[-2000:]
     pixels = imread(shot)[..., :3]
@@ -259,3 +250,8 @@ def test_browser_screenshot_is_not_blank(run, tmp_path):
     colours = len({tuple(p) for p in (pixels.reshape(-1, 3)[::7] * 255).astype(int)})
     dark = (pixels.mean(axis=-1) < 0.5).mean()  # text and lines on the page's light background
     assert colours > 20 and 0.005 < dark < 0.6, (colours, dark)
+
+
+def test_browser_screenshot_is_not_blank(run, tmp_path):
+    root, _, _ = run
+    assert_screenshot_not_blank(root / "report.html", tmp_path / "report.png")

@@ -198,6 +198,8 @@ class RLSection(Section):
     turn_penalty_threshold: int = Field(10, gt=0)
     resample_to_fill: bool = False
     max_resample_rounds: int = Field(0, ge=0)
+    # Orbax checkpoint every N iterations (and after the last); written in the background
+    checkpoint_every: int = Field(1, gt=0)
     task_filter: Literal["none", "solved_fraction"] = "none"
     drop_solved_fraction: float | str = (
         "2/3"  # exact: "2/3" or a number (nearest fraction, denominator <= 100)

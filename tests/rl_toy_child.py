@@ -35,12 +35,12 @@ def main() -> None:
         kill_step = int(sys.argv[sys.argv.index("--kill-in-save") + 1])
         real_save = ckpt_mod.Checkpoints.save
 
-        def dying_save(self, step, items, meta):
+        def dying_save(self, step, items, meta, **kw):
             if step == kill_step:
                 threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
-                real_save(self, step, items, meta)
-                time.sleep(60)  # the save finished first: die before anything after it runs
-            real_save(self, step, items, meta)
+                real_save(self, step, items, meta, **kw)
+                time.sleep(60)  # save returned (its write may go on): die before anything after it runs
+            real_save(self, step, items, meta, **kw)
 
         ckpt_mod.Checkpoints.save = dying_save
     cfg = toy_config(rl={"iterations": iterations})

@@ -42,3 +42,17 @@ def test_missing_checkpoint_is_user_error(tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint"):
         find_checkpoint_dir(tmp_path / "nowhere")
     assert Checkpoints(tmp_path / "empty").restore_latest(_state(0.0)) is None
+
+
+def test_async_save_returns_before_commit_and_restores_what_was_saved(tmp_path):
+    ck = Checkpoints(tmp_path / "c")
+    n = 32 * 2**20  # 128 MiB: the write commits well after save returns
+    big = {"params": {"w": jnp.arange(n, dtype=jnp.float32)}}
+    ck.save(1, big, {"iteration": 1}, wait=False)
+    assert not (tmp_path / "c" / "1").exists()  # still being written under a temporary name
+    big["params"]["w"].delete()  # what a donating train step does: save copied it to host already
+    assert ck.steps() == [1]  # waits for the commit
+    items, meta = ck.restore(1, {"params": {"w": jnp.zeros(n, jnp.float32)}})
+    np.testing.assert_array_equal(np.asarray(items["params"]["w"]), np.arange(n, dtype=np.float32))
+    assert meta == {"iteration": 1}
+    ck.close()

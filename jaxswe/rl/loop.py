@@ -3,7 +3,10 @@
 take (the pump's judged groups: P problems x G episodes, graded in fresh sandboxes, rewards =
 outcome + turn penalty, group-normalized advantages, uninformative groups and infra failures left
 out) -> pack -> recompute -> check sampling (jaxswe.rl.train.prepare) -> one DAPO update per
-mini-batch -> push weights (policy version `step`) -> episodes -> Orbax checkpoint -> metrics row.
+mini-batch -> push weights (policy version `step`) -> episodes -> Orbax checkpoint (every
+`rl.checkpoint_every` iterations and after the last) -> metrics row. The checkpoint is written in
+the background: `save` returns once the state is in host memory, and the write goes on during the
+next iteration (at k > 0 the pump's rollouts with it) until the next save or the stage end.
 
 rl.max_staleness = 0 (the default) is the paper's synchronous loop: every episode of iteration
 `step` is sampled by policy version step - 1. With k > 0 the pump keeps episodes in flight while
@@ -87,7 +90,8 @@ async def rl_iteration(
     save_jsonl(ctx.stage_dir / "trajectories" / f"iter_{step:04d}.jsonl", episode_records(c))
     meta = {"iteration": step, "seed": ctx.cfg.seed, "data_order": order.to_json(), "history": history,
             "metrics_row": row}  # fmt: skip
-    ckpts.save(step, ctx.trainer.state(), meta)
+    if step % ctx.cfg.rl.checkpoint_every == 0 or step == ctx.cfg.rl.iterations:
+        ckpts.save(step, ctx.trainer.state(), meta, wait=False)  # commits while the next iteration runs
     write_json(ctx.stage_dir / "history.json", history)
     metrics.log(step, row)
     return row, history
@@ -171,7 +175,8 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
     At k > 0 the episodes in flight when the checkpoint was written are lost: the resumed run
     starts new ones under the restored weights (the next iteration's groups are all sampled by
     that version, where the uninterrupted run's were partly older), and the problems drawn for
-    the lost ones are not drawn again before the epoch ends."""
+    the lost ones are not drawn again before the epoch ends. A row may be written before its
+    checkpoint commits: resume drops the rows past the newest committed checkpoint and redoes them."""
     cfg, stage_dir = ctx.cfg, ctx.stage_dir
     ckpts = Checkpoints(stage_dir / "checkpoints", max_to_keep=2)
     if ckpts.steps() and not resume:

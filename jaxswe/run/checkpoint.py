@@ -1,7 +1,10 @@
 """Orbax checkpoints of a stage: named pytrees (params, optimizer state) plus JSON `meta`.
 
-Saves are synchronous, so once `save` returns the checkpoint is committed (Orbax writes to a
-temporary directory and renames it, so a killed save leaves nothing that looks complete).
+`save` commits before it returns; `save(..., wait=False)` returns once the arrays are copied to
+host memory (Orbax's D2H copy blocks inside `save`, so the caller may then donate or overwrite
+them) and writes in a background thread. Every later call (`save`, `steps`, `restore`, `close`)
+first waits for that write. Orbax writes to a temporary directory and renames it on commit, so a
+killed save, synchronous or not, leaves nothing that looks complete.
 `restore_latest` walks back from the newest step when one cannot be read (corrupt or partial):
 it says so on stderr and moves that step aside into `unreadable/` (so the next save of that step
 number does not collide with it); when every step is unreadable it raises instead of letting a
@@ -10,6 +13,7 @@ resumed run silently start over.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -33,7 +37,11 @@ def _first_line(err: BaseException) -> str:
 
 def _manager(directory: str | Path, max_to_keep: int | None = None) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True
+        max_to_keep=max_to_keep,
+        enable_async_checkpointing=True,
+        # a background write may take long (a 72B state is ~1.16 TB); Orbax's default is 20 min
+        async_options=ocp.AsyncOptions(timeout_secs=3 * 3600),
+        create=True,
     )
     return ocp.CheckpointManager(Path(directory).absolute(), options=options)
 
@@ -46,18 +54,24 @@ class Checkpoints:
         self._mgr = _manager(self.directory, max_to_keep)
 
     def steps(self) -> list[int]:
+        """Committed steps, oldest first."""
+        self._mgr.wait_until_finished()
         self._mgr.reload()
         return sorted(self._mgr.all_steps())
 
-    def save(self, step: int, items: dict[str, Any], meta: dict[str, Any]) -> None:
-        """Commit each named pytree of arrays in `items` and the JSON-able `meta` as `step`."""
+    def save(self, step: int, items: dict[str, Any], meta: dict[str, Any], *, wait: bool = True) -> None:
+        """Commit each named pytree of arrays in `items` and the JSON-able `meta` as `step`; with
+        `wait=False` return once the arrays are on host and commit in the background."""
         args = {name: ocp.args.StandardSave(tree) for name, tree in items.items()}
+        meta = json.loads(json.dumps(meta))  # a snapshot: a background write reads it later
         self._mgr.save(step, args=ocp.args.Composite(meta=ocp.args.JsonSave(meta), **args), force=True)
-        self._mgr.wait_until_finished()
+        if wait:
+            self._mgr.wait_until_finished()
 
     def restore(self, step: int, abstract_items: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Read the named items of `step` (others stay on disk) and its meta; each abstract tree gives
         structure, shapes, dtypes (and shardings)."""
+        self._mgr.wait_until_finished()
         args = {
             name: ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, tree))
             for name, tree in abstract_items.items()

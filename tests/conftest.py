@@ -22,7 +22,8 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 # In CI every prerequisite is installed (.ci/run starts a Docker engine, builds the base image and
 # lays ../shared beside the checkout): a test skipped for lacking one fails there instead.
-_CI_REQUIRED = ("Docker engine", "not built", "shared repositories missing", "chromium not installed")
+_CI_REQUIRED = ("Docker engine", "not built", "shared repositories missing", "chromium not installed",
+                "the swebench extra")  # fmt: skip
 
 
 @pytest.hookimpl(hookwrapper=True)

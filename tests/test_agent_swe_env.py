@@ -28,8 +28,9 @@ def tok():
 class ScriptRouter:
     """Test double for the model: each episode (found by its problem statement) replays its own script."""
 
-    def __init__(self, tok, scripts):
+    def __init__(self, tok, scripts, version=None):
         self.tok, self.scripts = tok, scripts  # {problem_statement: [reply, ...]}
+        self.version = version  # the weight version stamped on every sampled token (None: none)
         self.turn = dict.fromkeys(scripts, 0)
         self.eot = tok.convert_tokens_to_ids("<|im_end|>")
         self.outputs = []  # (the ids it saw, the ids it generated) per call
@@ -41,7 +42,8 @@ class ScriptRouter:
         self.turn[key] += 1
         ids = self.tok.encode(reply, add_special_tokens=False) + [self.eot]
         self.outputs.append((list(input_ids), ids))
-        return Generation(ids, [-0.5] * len(ids), "stop")
+        versions = None if self.version is None else [self.version] * len(ids)
+        return Generation(ids, [-0.5] * len(ids), "stop", weight_versions=versions)
 
 
 def play(tok, tasks, scripts, concurrency=2, episodes=None):

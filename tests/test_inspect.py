@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_agent_swe_env import ScriptRouter
 
 from envs import load_tasks
 from jaxswe.agent.demos import command_reply, gold_patch_to_commands
 from jaxswe.agent.loop import run_episodes
 from jaxswe.agent.swe_env import SWEEnv
 from jaxswe.agent.trajectory import Trajectory, save_jsonl
-from jaxswe.rollout.types import Generation, SamplingParams
+from jaxswe.rollout.types import SamplingParams
 from jaxswe.run.report import curves_html, episode_html, outcome, pick_episodes, pick_spread, svg_curve
 from jaxswe.tokenizer import build_tokenizer
 
@@ -33,23 +34,6 @@ def _jaxswe(*args, timeout=300):
     )
 
 
-class ScriptEngine:
-    """The model's side of an episode: each task (found by its problem statement) replays a script."""
-
-    def __init__(self, tok, scripts):
-        self.tok, self.scripts = tok, scripts
-        self.turn = dict.fromkeys(scripts, 0)
-        self.eot = tok.convert_tokens_to_ids("<|im_end|>")
-
-    async def generate(self, input_ids, params):
-        text = self.tok.decode(input_ids)
-        key = next(k for k in self.scripts if k in text)
-        reply = self.scripts[key][self.turn[key]]
-        self.turn[key] += 1
-        ids = self.tok.encode(reply, add_special_tokens=False) + [self.eot]
-        return Generation(ids, [-0.5] * len(ids), "stop", weight_versions=["3"] * len(ids))
-
-
 def _swe_episodes():
     """Two graded episodes: the gold fix typed as commands (resolved), and a hostile reply whose
     command echoes markup and the search needle (failed)."""
@@ -58,9 +42,8 @@ def _swe_episodes():
     submit = command_reply("submit", "Done.")
     gold = [command_reply(c, "Apply the fix.") for c in gold_patch_to_commands(tasks[0].patch)] + [submit]
     hostile = [command_reply(f"echo '{HOSTILE_OBS}' {NEEDLE}", HOSTILE), submit]
-    engine = ScriptEngine(
-        tok, {t.problem_statement.strip(): s for t, s in zip(tasks, [gold, hostile], strict=True)}
-    )
+    scripts = {t.problem_statement.strip(): s for t, s in zip(tasks, [gold, hostile], strict=True)}
+    engine = ScriptRouter(tok, scripts, version="3")
     envs = [SWEEnv(t, backend="local", window_lines=20, command_timeout_s=60) for t in tasks]
     sampling = SamplingParams(max_new_tokens=2048)
     return asyncio.run(

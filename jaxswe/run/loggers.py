@@ -2,13 +2,12 @@
 
 `logging.backends` in the config (default [tensorboard]; W&B and MLflow from the extras
 `jaxswe[wandb]`, `jaxswe[mlflow]`). TensorBoard events live in `<dir>/tb`; a resumed stage purges
-the events past its last checkpoint. Each
-stage dir is one tracked run, resumed as the same run: W&B's run id is derived from the stage
-dir's path, MLflow's is kept in `<dir>/mlflow_run_id`. W&B follows its own settings (`wandb
-login`, WANDB_MODE=offline for no network); MLflow logs to MLFLOW_TRACKING_URI, which must be set
-(a tracking server, or any store MLflow accepts). Only scalar values are sent. Steps a resumed run
-logs again (rows after the last committed checkpoint) are dropped by W&B (steps only grow) and
-logged once more by MLflow.
+the events past its last checkpoint. Each stage dir is one tracked run, resumed as the same run:
+W&B's run id is derived from the stage dir's path, MLflow's is kept in `<dir>/mlflow_run_id`. W&B
+follows its own settings (`wandb login`, WANDB_MODE=offline for no network); MLflow logs to
+MLFLOW_TRACKING_URI, which must be set (a tracking server, or any store MLflow accepts). Only
+scalar values are sent. Steps a resumed run logs again (rows after the last committed checkpoint)
+are dropped by W&B (steps only grow) and logged once more by MLflow.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def rows_of(config: Path, compiled: dict) -> list[tuple[str, float, float]]:
     ]
     # what is live at the peak instruction of XLA's live-range analysis (GPU dumps only); the
     # packed temp buffer the device allocates can be larger than that instant's live set
-    for item in ("grads", "vocab_grads", "activations", "layer_recompute", "layout_copies"):
+    for item in ("grads", "head_backward", "activations", "layer_recompute", "layout_copies"):
         if peak:
             rows.append((f"live at peak: {item}", pd.get(item, p.transients.get(item, 0)), peak.get(item, 0)))
     temps = pd["total"] - pd["params"] - pd["optimizer"] - pd["batch"]

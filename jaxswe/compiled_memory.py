@@ -213,8 +213,8 @@ def _item_of(name: str, path: tuple[str, ...]) -> str:
         return "batch"
     if "wrapped_transpose" in name:
         return "layout_copies"
-    if "scatter-add" in name and "_take" in name:
-        return "vocab_grads"
+    if "vocab_stats" in scopes or "embed_lookup" in scopes:
+        return "head_backward"  # sharding.vocab's scopes: the LM head and the embedding lookup
     layer_bwd = any(p.endswith("transpose(jvp())/while") for p in path)
     if name.startswith("param.") or name.endswith("transpose(jvp())/while{1}"):
         return "grads"  # loop-carried: the accumulator and this micro-batch's stacked gradients

@@ -45,7 +45,7 @@ class ModelSection(Section):
     # by the train step, the recompute pass and the embedded engine (see docs/guide.md)
     attention: Literal["auto", "blockwise", "pallas", "dense", "cudnn"] = "auto"
     attention_block: int = Field(512, gt=0)
-    logprob_chunk: int = Field(1024, gt=0)
+    logprob_chunk: int = Field(1024, gt=0)  # ~ logprob_chunk x vocab float32 logits per device at a time
     max_context: int = Field(65536, gt=0)
     rope_scaling: dict[str, Any] | None = None  # e.g. {rope_type: yarn, factor: 4.0, ...}
     overrides: dict[str, Any] = Field(default_factory=dict)  # Qwen2Config fields over `preset`

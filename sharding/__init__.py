@@ -1,4 +1,5 @@
-"""Meshes, logical-axis rules, context-parallel attention and memory planning (no jaxswe imports)."""
+"""Meshes, logical-axis rules, context-parallel attention, vocabulary-sharded embedding and LM head,
+and memory planning (no jaxswe imports)."""
 
 from sharding.context import context_size, make_context_attention, reorder_for_context, restore_order
 from sharding.errors import ShardingError
@@ -14,6 +15,7 @@ from sharding.rules import (
     param_shardings,
     replicated,
 )
+from sharding.vocab import embed_lookup, vocab_stats
 
 __all__ = [
     "DEFAULT_RULES",
@@ -23,6 +25,7 @@ __all__ = [
     "ShardingError",
     "batch_sharding",
     "constrain",
+    "embed_lookup",
     "context_size",
     "flash_attention",
     "logical_to_spec",
@@ -36,4 +39,5 @@ __all__ = [
     "replicated",
     "restore_order",
     "use_rules",
+    "vocab_stats",
 ]

@@ -45,6 +45,11 @@ def use_rules(mesh: Mesh, rules: Rules) -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
+def active_rules() -> tuple[Mesh, Rules] | None:
+    """The (mesh, rules) of the innermost `use_rules` block, or None outside one."""
+    return _ACTIVE.get()
+
+
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     """Constrain `x`'s sharding by logical names when rules are active; identity otherwise."""
     active = _ACTIVE.get()

@@ -4,7 +4,7 @@
 so param, gradient and AdamW-state bytes per device are exact. The other items model what XLA's
 GPU compiler allocates for jaxswe's train step and recompute pass (checked per item against
 deviceless H200 compiles of every shipped config by bench/bench_planner.py): two float32 gradient
-copies, whole-vocab float32 gradients, the layer inputs saved under the remat policy, float32
+copies, the LM head's slab-wise backward, the layer inputs saved under the remat policy, float32
 layout copies of two weights, and the largest transient buffer. FLOPs are 6 x matmul params x
 tokens plus causal attention, times 4/3 when layers are recomputed in the backward pass; the recompute
 pass is the forward alone, a third of the model FLOPs.
@@ -201,7 +201,9 @@ def plan(inp: PlanInput) -> Plan:
 
     q_w, kv_w = m.heads * m.head_dim / tp_h, m.kv_heads * m.head_dim / tp_kv
     blk = min(inp.attention_block, inp.seq_len // ctx)
-    chunk = max(min(inp.logprob_chunk, inp.seq_len) // ctx, 1)
+    # the LM head walks the vocabulary in slabs of about logprob_chunk x V logits (sharding.vocab)
+    vocab_dev = m.vocab // tp_v
+    slab = -(-vocab_dev // min(max(-(-t_dev // inp.logprob_chunk), 1), vocab_dev))
     layer_recompute = t_dev * (
         saved_bytes_per_token_layer(m, "none", tp_h, tp_kv, tp_f, abytes) - m.hidden * abytes
     )
@@ -212,8 +214,8 @@ def plan(inp: PlanInput) -> Plan:
         "context_ring": (4 * t_dev * kv_w * abytes + (ctx + 2) * t_dev * q_w * 4) if ctx > 1 else 0,
         # gate, up, silu product and their gradients of one layer
         "mlp": 6 * t_dev * (m.intermediate / tp_f) * abytes,
-        # float32 logits, log-softmax and its exp for one log-prob chunk
-        "logits_chunk": 3 * rows_dev * chunk * (m.vocab / tp_v) * 4,
+        # float32 logits, probabilities and the logits' gradient of one vocabulary slab
+        "logits_slab": 3 * t_dev * slab * 4,
         # one layer's arrays recomputed in the backward pass under remat, plus the cotangents alive
         # while walking back through them (about half as many)
         "layer_recompute": 1.5 * layer_recompute if inp.remat != "none" else 0,
@@ -223,15 +225,14 @@ def plan(inp: PlanInput) -> Plan:
     }
     largest = max(transients, key=transients.get)
     grad_copies = 1 if inp.num_micro == 1 else 2  # the micro-batch sum and this micro-batch's
-    vocab_matrix = m.vocab * m.hidden / tp_v * 4
     per_device = {
         "params": shard_elems * pbytes,
         "optimizer": shard_elems * 2 * 4,  # AdamW m and v in float32
         "batch": inp.batch_token_bytes * rows_dev * inp.num_micro * inp.seq_len // ctx,
         "grads": grad_copies * shard_elems * 4,  # float32
-        # XLA forms the embedding lookup's gradient (a scatter-add) and the LM head's gradient as
-        # whole float32 [vocab, embed] matrices on every device before reducing them to shards
-        "vocab_grads": int(2 * vocab_matrix),
+        # the LM head's backward (sharding.vocab): one gathered head slab and its gradient before
+        # the reduce-scatter, and d(hidden) in float32; the lookup's gradient is a local shard
+        "head_backward": slab * m.hidden * (abytes + gbytes) + t_dev * m.hidden * 4,
         "activations": activations,
         # XLA's float32 copies of the w_down and wo shards with the sharded embed axis moved first
         "layout_copies": layout_elems * 4,
@@ -245,8 +246,8 @@ def plan(inp: PlanInput) -> Plan:
         "layer_forward": t_dev * (3 * m.intermediate / tp_f + 2 * m.hidden) * abytes,
         # the ring's float32 partial outputs of every hop but the last, combined at the end
         "context_ring": (ctx - 1) * t_dev * q_w * 4,
-        # the embedding lookup gathers the whole table, in float32
-        "embed_table": vocab_matrix,
+        # the float32 logits of one vocabulary slab and their exponent
+        "logits_slab": 2 * t_dev * slab * 4,
     }
     recompute = {
         "params": per_device["params"],
@@ -309,8 +310,8 @@ def _advice(biggest: str, transient: str, inp: PlanInput, sizes: Mapping[str, in
             "activations dominate: raise optimizer.micro_batches, or raise mesh context "
             f"(now {sizes.get('context', 1)}) to split each sequence over more devices"
         )
-    if biggest == "vocab_grads":
-        return "whole-vocab float32 gradients dominate: raise mesh tensor (it splits the vocab)"
+    if biggest == "head_backward":
+        return "the LM head's backward dominates: lower model.logprob_chunk or raise mesh tensor"
     if biggest in ("params", "grads", "optimizer", "layout_copies", "batch"):
         return (
             f"{biggest} dominate: shard over more devices (mesh fsdp, now {sizes.get('fsdp', 1)}) "
@@ -318,7 +319,7 @@ def _advice(biggest: str, transient: str, inp: PlanInput, sizes: Mapping[str, in
         )
     return {
         "attention_block": "attention block dominates: lower model.attention_block",
-        "logits_chunk": "log-prob chunk dominates: lower model.logprob_chunk",
+        "logits_slab": "log-prob chunk dominates: lower model.logprob_chunk",
         "mlp": "MLP intermediates dominate: raise mesh tensor or context",
         "context_ring": "ring buffers dominate: raise mesh context or tensor",
         "layer_recompute": "one layer's recompute dominates: raise mesh context or tensor",

@@ -43,7 +43,8 @@ def main() -> None:
             real_save(self, step, items, meta, **kw)
 
         ckpt_mod.Checkpoints.save = dying_save
-    cfg = toy_config(rl={"iterations": iterations})
+    every = int(sys.argv[sys.argv.index("--checkpoint-every") + 1]) if "--checkpoint-every" in sys.argv else 1
+    cfg = toy_config(rl={"iterations": iterations, "checkpoint_every": every})
     policy, tok = toy_policy(run_dir.parent / "policy", 2)
     sampler = Sampler(
         policy.model_cfg, policy.params, max_context=128, min_batch_bucket=64, min_prompt_bucket=128

@@ -1,6 +1,8 @@
 """Exact resume: RL on the toy game killed with SIGKILL during an iteration, killed again while a
 checkpoint is being written, resumed, then resumed once more from a corrupted newest checkpoint,
-writes the same metrics rows (timings aside) and the same trajectories as a run never stopped."""
+writes the same metrics rows (timings aside) and the same trajectories as a run never stopped.
+The interrupted run checkpoints every 2 iterations (`rl.checkpoint_every`), the reference every
+iteration: the cadence changes nothing but where a resume starts."""
 
 import json
 import os
@@ -18,11 +20,11 @@ CHILD = Path(__file__).parent / "rl_toy_child.py"
 ITERATIONS = 3
 
 
-def _start(run_dir, *args, cache):
+def _start(run_dir, *args, cache, every=2):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device (test_stages_handoff.py)
     env |= {"JAXSWE_TEST_CACHE": str(cache), "JAX_PLATFORMS": "cpu"}
     return subprocess.Popen(
-        [sys.executable, str(CHILD), str(run_dir), str(ITERATIONS), *args],
+        [sys.executable, str(CHILD), str(run_dir), str(ITERATIONS), "--checkpoint-every", str(every), *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -63,25 +65,26 @@ def _check_complete(run_dir, want):
 def test_killed_anywhere_and_resumed_equals_the_uninterrupted_run(tmp_path):
     cache = tmp_path / "xla"
     whole = tmp_path / "whole"
-    code, out = _finish(_start(whole, cache=cache))
+    code, out = _finish(_start(whole, cache=cache, every=1))
     assert code == 0, out
     want = _record(whole)
     assert len(want[1]) == ITERATIONS and sum(r["optimizer_steps"] for r in want[0]) > 0  # it trained
 
     run_dir = tmp_path / "rl"
-    proc = _start(run_dir, cache=cache)  # 1. SIGKILL inside iteration 2
+    proc = _start(run_dir, cache=cache)  # 1. SIGKILL inside iteration 2, before the first checkpoint
     deadline = time.time() + 600
     while time.time() < deadline and len(read_rows(run_dir / "metrics.jsonl")) < 1:
         assert proc.poll() is None, proc.communicate()[0]
-        time.sleep(0.2)
-    time.sleep(0.5)
+        time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert len(read_rows(run_dir / "metrics.jsonl")) < ITERATIONS
+    assert len(read_rows(run_dir / "metrics.jsonl")) == 1
 
-    # 2. resumed, and SIGKILLed while checkpoint 3 is being written
+    # 2. resumed: no checkpoint, so from the start (row 1 written again); SIGKILLed while
+    # checkpoint 3 is being written
     code, out = _finish(_start(run_dir, "--resume", "--kill-in-save", str(ITERATIONS), cache=cache))
-    assert code == -signal.SIGKILL and "resuming RL from iteration" in out, out
+    assert code == -signal.SIGKILL and "resuming RL from iteration" not in out, out
+    assert [r["step"] for r in read_rows(run_dir / "metrics.jsonl")] == [1, 2]
 
     code, out = _finish(_start(run_dir, "--resume", cache=cache))  # 3. resumed to the end
     assert code == 0, out
@@ -98,3 +101,4 @@ def test_killed_anywhere_and_resumed_equals_the_uninterrupted_run(tmp_path):
     assert f"resuming RL from iteration {ITERATIONS - 1}" in out
     _check_complete(run_dir, want)
     assert len(list((run_dir / "checkpoints" / "unreadable").iterdir())) == 1
+    assert "1" not in {p.name for p in (run_dir / "checkpoints").iterdir()}  # every 2 iterations

@@ -1,57 +1,48 @@
-"""Per-token log-probabilities (entropies, surprisal variances) computed chunk by chunk over the sequence.
+"""Per-token log-probabilities (entropies, surprisal variances) of a causal LM's next tokens.
 
-Only [B, logprob_chunk, V] float32 logits exist at a time, in the forward and (thanks to a
-rematerialized chunk step) in the backward pass.
+The vocabulary is walked in slabs (`sharding.vocab_stats`): about logprob_chunk x V float32 logits
+exist at a time, in the forward and the backward pass, and no whole-vocabulary gradient.
 """
 
 from __future__ import annotations
 
 import chex
-import jax
 import jax.numpy as jnp
 
 from jaxswe.model.attention import AttentionFn
 from jaxswe.model.config import Qwen2Config
 from jaxswe.model.params import Params
-from jaxswe.model.transformer import forward, project_vocab
+from jaxswe.model.transformer import forward
+from sharding.vocab import vocab_stats
 
 
-def _chunk_stats(params: Params, hidden_bce: jnp.ndarray, targets_bc: jnp.ndarray):
-    """log p(target), entropy and the variance of the surprisal -log p(x) under p, each [B, C],
-    for one chunk of hidden states."""
-    logits_bcv = project_vocab(params, hidden_bce)
-    logp_bcv = jax.nn.log_softmax(logits_bcv, axis=-1)
-    target_logp = jnp.take_along_axis(logp_bcv, targets_bc[..., None], axis=-1)[..., 0]
-    p_bcv = jnp.exp(logp_bcv)
-    entropy = -jnp.sum(p_bcv * logp_bcv, axis=-1)
-    surprisal_var = jnp.maximum(jnp.sum(p_bcv * logp_bcv * logp_bcv, axis=-1) - entropy * entropy, 0.0)
-    return target_logp, entropy, surprisal_var
+def next_ids(input_ids: jnp.ndarray) -> jnp.ndarray:
+    """ids[:, t + 1] at column t ([B, T]; the last column 0): what position t predicts."""
+    return jnp.concatenate([input_ids[:, 1:], jnp.zeros_like(input_ids[:, :1])], axis=1)
+
+
+def next_token_stats(params: Params, hidden_bte: jnp.ndarray, targets_bt: jnp.ndarray, chunk: int,
+                     grad_dtype=jnp.float32) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:  # fmt: skip
+    """(log p(targets[t] | hidden[t]), entropy, surprisal variance), each [B, T] float32
+    (`sharding.vocab_stats`: about `chunk` x V logits at a time, the head's gradient formed in
+    `grad_dtype` slab by slab)."""
+    tied = "lm_head" not in params
+    head = params["embed" if tied else "lm_head"]
+    return vocab_stats(hidden_bte, head, targets_bt, chunk=chunk, tied=tied, grad_dtype=grad_dtype)
+
+
+def shift_right(stats_bt: jnp.ndarray) -> jnp.ndarray:
+    """Column t of the result is column t - 1 of `stats_bt` (the stats of token t); column 0 = 0."""
+    return jnp.concatenate([jnp.zeros_like(stats_bt[:, :1]), stats_bt[:, :-1]], axis=1)
 
 
 def hidden_logprobs(
-    params: Params, hidden_bte: jnp.ndarray, input_ids: jnp.ndarray, chunk: int
+    params: Params, hidden_bte: jnp.ndarray, input_ids: jnp.ndarray, chunk: int, grad_dtype=jnp.float32
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """(log p(ids[t] | hidden[t-1]), entropy of that distribution, variance of its surprisal), each
-    [B, T] float32, column 0 = 0. Callers that do not use the variance leave it to XLA's DCE."""
-    b, t = input_ids.shape
-    n = t - 1
-    if n == 0:
-        zeros = jnp.zeros((b, t), jnp.float32)
-        return zeros, zeros, zeros
-    c = min(chunk, n)
-    padded = -(-n // c) * c
-    hidden = jnp.pad(hidden_bte[:, :-1], ((0, 0), (0, padded - n), (0, 0)))
-    targets = jnp.pad(input_ids[:, 1:], ((0, 0), (0, padded - n)))
-    hidden_chunks = jnp.moveaxis(hidden.reshape(b, padded // c, c, -1), 1, 0)
-    target_chunks = jnp.moveaxis(targets.reshape(b, padded // c, c), 1, 0)
-    step = jax.checkpoint(lambda xs: _chunk_stats(params, *xs), prevent_cse=False)
-    stats = jax.lax.map(step, (hidden_chunks, target_chunks))
-
-    def assemble(x_nbc):
-        x = jnp.moveaxis(x_nbc, 0, 1).reshape(b, padded)[:, :n]
-        return jnp.concatenate([jnp.zeros((b, 1), jnp.float32), x], axis=1)
-
-    return tuple(assemble(x) for x in stats)
+    [B, T] float32, column 0 = 0."""
+    stats = next_token_stats(params, hidden_bte, next_ids(input_ids), chunk, grad_dtype)
+    return tuple(shift_right(x) for x in stats)
 
 
 def token_logprobs(
@@ -76,7 +67,8 @@ def token_logprobs(
     chex.assert_rank(input_ids, 2)
     chex.assert_type(input_ids, int)
     hidden = forward(params, config, input_ids, positions, segment_ids, attention_fn=attention_fn)
-    stats = hidden_logprobs(params, hidden, input_ids, config.logprob_chunk)
+    grad_dtype = jnp.promote_types(config.grad_reduce_dtype, config.dtype)
+    stats = hidden_logprobs(params, hidden, input_ids, config.logprob_chunk, grad_dtype)
     if segment_ids is not None:
         chex.assert_equal_shape([input_ids, segment_ids])
         continues = jnp.concatenate(

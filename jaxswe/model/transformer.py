@@ -20,6 +20,7 @@ from jaxswe.model.params import Params
 from jaxswe.model.precision import broadcast_weight, weight_einsum
 from jaxswe.model.rope import apply_rope, rope_cos_sin
 from sharding.logical import constrain
+from sharding.vocab import embed_lookup
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "attn_out", "o_proj", "gate_proj", "up_proj", "down_proj")
 ACT = ("batch", "length", "act_embed")
@@ -87,8 +88,9 @@ def remat_policy(config: Qwen2Config) -> Callable | None:
 
 
 def embed(params: Params, config: Qwen2Config, input_ids: jnp.ndarray) -> jnp.ndarray:
-    x = jnp.take(params["embed"], input_ids, axis=0).astype(jnp.dtype(config.dtype))
-    return constrain(x, ACT)
+    """Token embeddings [B, T, E] in `config.dtype` (no whole-table gather: `sharding.embed_lookup`)."""
+    grad_dtype = jnp.promote_types(config.grad_reduce_dtype, config.dtype)
+    return constrain(embed_lookup(params["embed"], input_ids, config.dtype, grad_dtype), ACT)
 
 
 def forward(

@@ -1,9 +1,8 @@
 """Per-token log-probs and entropies of packed rows, with optional context parallelism.
 
 With a context axis of size n > 1, the rows go through the model in zigzag order (so causal
-attention work is balanced over the devices that share a sequence) and the final hidden states
-are put back in the original order before the next-token log-probs are taken, so targets are
-always the true next tokens.
+attention work is balanced over the devices that share a sequence); each position's next token is
+put in the same order, the statistics are taken there, and only they are put back in order.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxswe.model.config import Qwen2Config
-from jaxswe.model.logprobs import hidden_logprobs
+from jaxswe.model.logprobs import next_ids, next_token_stats, shift_right
 from jaxswe.model.transformer import forward
-from sharding import constrain, reorder_for_context, restore_order
+from sharding import reorder_for_context, restore_order
 
 
 def policy_logprobs(
@@ -36,8 +35,11 @@ def policy_logprobs(
     hidden = forward(
         params, config, zig(input_ids), zig(positions), zig(segment_ids), attention_fn=attention_fn
     )
-    hidden = constrain(restore_order(hidden, context_n), ("batch", "length", "act_embed"))
-    stats = hidden_logprobs(params, hidden, input_ids, config.logprob_chunk)
+    # the statistics are taken in zigzag order against the zigzagged next tokens, and only they
+    # ([B, T] float32) are put back in order: the hidden states are never gathered whole
+    grad_dtype = jnp.promote_types(config.grad_reduce_dtype, config.dtype)
+    stats = next_token_stats(params, hidden, zig(next_ids(input_ids)), config.logprob_chunk, grad_dtype)
+    stats = tuple(shift_right(restore_order(x, context_n)) for x in stats)
     continues = jnp.concatenate(
         [jnp.zeros_like(segment_ids[:, :1], bool), segment_ids[:, 1:] == segment_ids[:, :-1]], axis=1
     )

@@ -81,6 +81,15 @@ class EngineSpec:
             tls = docker.tls.TLSConfig(client_cert=cert, ca_cert=self.tls_ca, verify=self.tls_verify)
         elif self.url.startswith("tcp://") and self.tls_verify and self.url.endswith(":2376"):
             tls = True  # the TLS port without files: the system's CA bundle
+        if isinstance(tls, docker.tls.TLSConfig) and tls.ca_cert:
+            # requests lets $REQUESTS_CA_BUNDLE / $CURL_CA_BUNDLE override a session's CA file (its
+            # trust_env): switch that off before the first call, then ask the engine its API version
+            client = docker.DockerClient(
+                base_url=self.url, tls=tls, version=docker.constants.DEFAULT_DOCKER_API_VERSION, **kwargs
+            )
+            client.api.trust_env = False
+            client.api._version = client.api._retrieve_server_version()
+            return client
         return docker.DockerClient(
             base_url=self.url, tls=tls, use_ssh_client=self.url.startswith("ssh://"), **kwargs
         )

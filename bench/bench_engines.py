@@ -43,7 +43,7 @@ def _docker_sh(action: str, directory: str) -> None:
 
 
 def episode(pool: EnginePool, task) -> str:
-    with pool.open(task, timeout=600) as sandbox:
+    with pool.open(task, wait_s=600) as sandbox:
         for command in COMMANDS:
             result = sandbox.exec(command, timeout=60)
             if result.exit_code != 0:

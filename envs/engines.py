@@ -156,18 +156,24 @@ class Engine:
 
     @property
     def client(self):
-        with self._lock:
-            if self._client is None:
-                self._client = self.spec.client()
-            return self._client
+        client = self._client
+        if client is None:  # made outside the lock: a slow engine must not hold up its pings
+            client = self.spec.client()
+            with self._lock:
+                if self._client is None:
+                    self._client = client
+                elif self._client is not client:
+                    with contextlib.suppress(Exception):
+                        client.close()
+                client = self._client
+        return client
 
     def ping(self, timeout: float = PING_TIMEOUT_S) -> str | None:
         """None when the engine answers within `timeout`, else why not."""
         try:
-            with self._lock:
-                if self._ping_client is None:
-                    self._ping_client = self.spec.client(timeout=timeout)
-                ping_client = self._ping_client
+            ping_client = self._ping_client
+            if ping_client is None:
+                ping_client = self._ping_client = self.spec.client(timeout=timeout)
             ping_client.ping()
             return None
         except Exception as err:
@@ -260,7 +266,12 @@ class EnginePool:
         return [e for e in self.engines if e.healthy]
 
     def check_engine(self, engine: Engine, timeout: float | None = None) -> bool:
+        """Ping `engine`; a healthy one is declared dead after two failed pings in a row, a dead one
+        rejoins at its first answer. Whether it is healthy now."""
         why = engine.ping(timeout or self.ping_timeout_s)
+        if why is not None and engine.healthy:  # one slow answer on a loaded host is not a death
+            time.sleep(0.2)
+            why = engine.ping(timeout or self.ping_timeout_s)
         if why is None and not engine.healthy:
             self._rejoin(engine)
         elif why is not None and engine.healthy:
@@ -324,7 +335,7 @@ class EnginePool:
 
     def acquire(self, timeout: float | None = None) -> Engine:
         """A slot on the least-loaded healthy engine with room; waits while all are full. Raises
-        EngineError when no engine answers for dead_timeout_s (or `timeout` passes)."""
+        EngineError when no engine answers for dead_timeout_s (or `timeout` seconds pass)."""
         self._start_health()
         start = time.monotonic()
         last_check = 0.0
@@ -401,14 +412,15 @@ class EnginePool:
             return found
 
     # -- sandboxes ----------------------------------------------------------------------------
-    def open(self, task: Task, *, timeout: float | None = None, **limits: Any) -> PooledSandbox:
-        """A DockerSandbox of `task` on a pool engine (see the module docstring); an engine that
-        fails while the sandbox is being made is marked dead and the next one is tried."""
+    def open(self, task: Task, *, wait_s: float | None = None, **limits: Any) -> PooledSandbox:
+        """A DockerSandbox of `task` (limits: DockerSandbox's, e.g. timeout, mem_limit) on a pool
+        engine, waiting at most `wait_s` for a slot (None: as long as some engine answers); an engine
+        that fails while the sandbox is being made is marked dead and the next one is tried."""
         from envs.docker_sandbox import DockerSandbox
 
         tried: list[str] = []
         while True:
-            engine = self.acquire(timeout)
+            engine = self.acquire(wait_s)
             generation = engine.generation
             try:
                 self._reap(engine)

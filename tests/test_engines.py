@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from envs import BASE_IMAGE, load_tasks
+from envs import BASE_IMAGE, load_tasks, open_sandbox
+from envs import engines as engines_module
 from envs.engines import Engine, EnginePool, EngineSpec, parse_specs
 from envs.errors import EngineError, SandboxError
 
@@ -211,7 +212,7 @@ class _Killer:
 
 
 @pytest.mark.docker
-def test_two_engines_spread_failover_and_rejoin(engines):
+def test_two_engines_spread_failover_and_rejoin(engines, monkeypatch):
     from jaxswe.agent.demos import command_reply
     from jaxswe.agent.loop import run_episode
     from jaxswe.agent.swe_env import SWEEnv
@@ -226,8 +227,9 @@ def test_two_engines_spread_failover_and_rejoin(engines):
     )  # fmt: skip
     try:
         # spread by load and capacity: ci (0/2), second (0/1 < 1/2; its image copied and built there), ci
-        boxes = [pool.open(task, timeout=30) for _ in range(3)]
+        boxes = [open_sandbox(task, "docker", pool=pool, timeout=7) for _ in range(3)]
         assert [b.engine.name for b in boxes] == ["ci", "second", "ci"]
+        assert {b.timeout for b in boxes} == {7}  # the sandbox's limits reach DockerSandbox
         assert all(b.exec("echo ok").output == "ok\n" for b in boxes)
         for b in boxes:
             b.close()
@@ -238,7 +240,7 @@ def test_two_engines_spread_failover_and_rejoin(engines):
         assert [e.name for e in held] == ["ci", "second", "ci"]
         pool.release(held.pop(1))
         tok = build_tokenizer([task.problem_statement, "ls echo submit done"], 400)
-        env = SWEEnv(task, sandbox_factory=lambda t: pool.open(t, timeout=30), grader=lambda t, p: True)
+        env = SWEEnv(task, sandbox_factory=lambda t: pool.open(t, wait_s=30), grader=lambda t, p: True)
         replies = [
             command_reply("ls", "Look."),
             command_reply("echo after", "Again."),
@@ -255,7 +257,7 @@ def test_two_engines_spread_failover_and_rejoin(engines):
         for e in held:
             pool.release(e)
         # later sandboxes land on the survivor
-        later = [pool.open(task, timeout=30) for _ in range(2)]
+        later = [pool.open(task, wait_s=30) for _ in range(2)]
         assert [b.engine.name for b in later] == ["ci", "ci"]
         assert later[0].exec("echo still").output == "still\n"
 
@@ -265,7 +267,8 @@ def test_two_engines_spread_failover_and_rejoin(engines):
         while not pool.load()["second"][2] and time.monotonic() < deadline:
             time.sleep(0.2)
         assert pool.load()["second"][2], pool.events
-        back = pool.open(task, timeout=30)
+        monkeypatch.setattr(engines_module, "_DEFAULT", pool)  # what env.docker_hosts configures
+        back = open_sandbox(task, "docker")
         assert back.engine.name == "second" and back.exec("echo back").output == "back\n"
         for b in (*later, back):
             b.close()

@@ -9,8 +9,9 @@ engine it lands on at its first use there (envs.images, per client; cached per e
 image and a task's published image, when the engine lacks them, are copied from an engine that has
 them (`docker save | docker load` through this process), then the task image is built there.
 
-Health: every engine is pinged (a short timeout) every `health_interval_s` by a daemon thread and
-whenever a call on it fails. An engine that does not answer is dead: no sandbox is placed on it and
+Health: every engine is pinged (a short timeout, a fresh connection) every `health_interval_s` by a
+daemon thread and whenever a call on it fails. An engine that fails two pings in a row, or a call
+with a connection error (refused, aborted, timed out), is dead: no sandbox is placed on it and
 every sandbox opened on it before raises `EngineError` at its next call (its command's result is
 lost; the episode is an infrastructure failure, never the policy's). A sandbox whose container died
 (`dead`, the policy's doing on a live engine) is checked the same way: when the engine does not
@@ -175,6 +176,8 @@ class Engine:
             if ping_client is None:
                 ping_client = self._ping_client = self.spec.client(timeout=timeout)
             ping_client.ping()
+            # a fresh connection next time: a stopping daemon still answers on open ones
+            ping_client.api.close()
             return None
         except Exception as err:
             with self._lock:
@@ -430,7 +433,11 @@ class EnginePool:
                 )
             except BaseException as err:
                 self.release(engine)
-                if not isinstance(err, Exception) or self.check_engine(engine):
+                if not isinstance(err, Exception):
+                    raise
+                if _connection_error(err):
+                    self.mark_dead(engine, f"{type(err).__name__}: {err}"[:500])
+                elif self.check_engine(engine):
                     raise  # the engine answers: the failure is the task's or the image's
                 tried.append(f"{engine.name}: {type(err).__name__}: {err}"[:300])
                 if len(tried) >= 2 * len(self.engines):
@@ -475,9 +482,11 @@ class PooledSandbox:
         try:
             result = fn(*args, **kwargs)
         except Exception as err:
-            if _connection_error(err) or not self.pool.check_engine(self.engine):
-                self.pool.check_engine(self.engine)  # marks it dead when it does not answer
-                raise self._lost(err) from None  # the call's result is lost either way
+            if _connection_error(err):  # the call's result is lost; the next ping may rejoin it
+                self.pool.mark_dead(self.engine, f"{type(err).__name__}: {err}"[:500])
+                raise self._lost(err) from None
+            if not self.pool.check_engine(self.engine):
+                raise self._lost(err) from None
             raise
         if getattr(self.sandbox, "dead", False) and not was_dead:
             # the container died: the policy's doing only if the engine is still there
@@ -506,7 +515,7 @@ class PooledSandbox:
                 except Exception as err:
                     if not (_connection_error(err) or not self.pool.check_engine(self.engine)):
                         raise
-                    self._orphan()
+                    self._orphan()  # removed when the engine answers again
             else:  # the engine died under it: its container goes when the engine comes back
                 self.sandbox._closed = True
                 self._orphan()

@@ -275,3 +275,19 @@ def test_two_engines_spread_failover_and_rejoin(engines, monkeypatch):
         assert [e[1:] for e in pool.events][-2:] == [("second", pool.events[-2][2]), ("second", "rejoined")]
     finally:
         pool.close()
+
+
+def test_reap_command_covers_every_engine_of_a_config(tmp_path, capsys):
+    from jaxswe.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"env:\n  backend: docker\n  docker_hosts: [unix://{tmp_path}/a.sock, unix://{tmp_path}/b.sock]\n"
+    )
+    try:
+        main(["sandboxes", "reap", "--config", str(config)])
+    except SystemExit as done:
+        assert not done.code
+    out = capsys.readouterr()
+    assert "removed 0 sandboxes" in out.out
+    assert out.err.count("does not answer: not reaped") == 2

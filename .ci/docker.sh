@@ -3,6 +3,7 @@
 #   .ci/docker.sh start   install docker.io if missing, start dockerd (no iptables, no bridge) with its
 #                         own data/exec roots and socket under $JAXSWE_CI_DOCKER_DIR, wait until it
 #                         answers, build the jaxswe base image (cached), print `export DOCKER_HOST=...`
+#                         (JAXSWE_CI_DOCKER_BASE=0: no base image; a pool of engines loads it from another)
 #   .ci/docker.sh stop    stop that dockerd by its pid
 # Only the export line goes to stdout, so `eval "$(bash .ci/docker.sh start)"` works.
 set -euo pipefail
@@ -34,6 +35,10 @@ start() {
   done
   docker version >/dev/null 2>&1 || { log "dockerd did not answer; see $dir/dockerd.log"; tail -20 "$dir/dockerd.log" >&2; exit 1; }
   log "dockerd answers on $DOCKER_HOST"
+  if [ "${JAXSWE_CI_DOCKER_BASE:-1}" = 0 ]; then
+    echo "export DOCKER_HOST=unix://$sock"
+    return
+  fi
   command -v debootstrap >/dev/null || {
     log "installing debootstrap"
     apt-get update -qq >&2

@@ -7,7 +7,7 @@ SDK is imported when a Docker sandbox is used).
 from envs.backends import BACKENDS, open_sandbox
 from envs.base import ENDED_ERROR, ENDED_SUBMITTED, Environment, Step
 from envs.docker_sandbox import DockerSandbox, reap_containers
-from envs.errors import EnvError, SandboxError, TaskError
+from envs.errors import EngineError, EnvError, SandboxError, TaskError
 from envs.grading import GradeResult, grade
 from envs.images import BASE_IMAGE, build_base_image, build_task_image
 from envs.local import LocalSandbox
@@ -21,6 +21,7 @@ __all__ = [
     "ENDED_ERROR",
     "ENDED_SUBMITTED",
     "DockerSandbox",
+    "EngineError",
     "EnvError",
     "Environment",
     "ExecResult",

@@ -43,13 +43,18 @@ def reap(backend: str) -> list[str]:
     removed = reap_sandboxes()
     if backend == "docker":
         from envs.docker_sandbox import reap_containers
+        from envs.engines import default_pool
 
-        removed += reap_containers()
+        pool = default_pool()
+        removed += pool.reap() if pool is not None else reap_containers()  # every engine of the pool
     return removed
 
 
 def open_sandbox(task: Task, backend: str = "local", **limits: Any) -> Sandbox:
-    """A new sandbox of `task` (limits: timeout, output_limit, and per backend e.g. pids_limit)."""
+    """A new sandbox of `task` (limits: timeout, output_limit, and per backend e.g. pids_limit).
+
+    docker: on `client` when given, else from `pool` (an envs.engines.EnginePool) or the process's
+    default pool when one is configured (env.docker_hosts), else on the DOCKER_HOST engine."""
     if backend == "local":
         from envs.local import LocalSandbox
         from envs.repos import clean_template
@@ -60,8 +65,13 @@ def open_sandbox(task: Task, backend: str = "local", **limits: Any) -> Sandbox:
         return LocalSandbox(template, env=env, ro_binds=(str(task_venv(task)),), host_python=False, **limits)
     if backend == "docker":
         from envs.docker_sandbox import DockerSandbox, _client
+        from envs.engines import default_pool
         from envs.images import task_image
 
+        pool = limits.pop("pool", None)
+        if limits.get("client") is None and (pool or default_pool()) is not None:
+            limits.pop("client", None)
+            return (pool or default_pool()).open(task, **limits)
         client = _client(limits.pop("client", None))
         image, shell_init = task_image(task, client=client)
         return DockerSandbox(image, workdir=task.workdir, shell_init=shell_init, client=client, **limits)

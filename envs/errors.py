@@ -11,3 +11,8 @@ class TaskError(EnvError):
 
 class SandboxError(EnvError):
     """A sandbox that cannot be started or used (missing repo/commit/image, dead engine)."""
+
+
+class EngineError(EnvError):
+    """A Docker engine failed (does not answer, dropped a call): an infrastructure failure, never the
+    policy's. Deliberately not a SandboxError, which callers may treat as the policy's doing."""

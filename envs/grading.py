@@ -51,7 +51,7 @@ from typing import Any
 
 from envs.backends import open_sandbox
 from envs.canaries import STYLES, Canary, plant, wrong
-from envs.errors import SandboxError
+from envs.errors import EngineError, SandboxError
 from envs.parsers import (
     ERROR,
     FAILED,
@@ -624,7 +624,7 @@ def grade(task: Task, patch: str, backend: str = "local", *, test_timeout: float
         try:
             with open_sandbox(task, backend, **dict(limits)) as sandbox:
                 return grade_in(sandbox, task, p, test_timeout=test_timeout, case_timeout=case_timeout)
-        except SandboxError as err:
+        except (SandboxError, EngineError) as err:  # EngineError: a Docker engine of the pool died
             return GradeResult(False, {}, "", f"sandbox failure: {err}", error=True)
 
     result = run(patch)

@@ -127,6 +127,29 @@ class RolloutSection(Section):
     seed: int = 0
 
 
+class DockerHostSection(Section):
+    """One Docker engine of the sandbox pool (envs.engines); a bare URL string is accepted too."""
+
+    url: str = "default"  # unix:///path, tcp://host:2376 (TLS below), ssh://user@host, or "default"
+    capacity: int = Field(8, gt=0)  # the most sandboxes this trainer process keeps on it at once
+    name: str = ""  # shown in messages and metrics; default: the URL
+    tls_verify: bool = True
+    tls_ca: str | None = None  # tcp:// with TLS: the CA that signed the engine's certificate
+    tls_cert: str | None = None  # client certificate and key (the engine's --tlsverify)
+    tls_key: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_url(cls, data: Any) -> Any:
+        return {"url": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _known_scheme(self) -> DockerHostSection:
+        if self.url != "default" and not self.url.startswith(("unix://", "tcp://", "ssh://")):
+            raise ValueError(f"{self.url!r}: expected unix://, tcp://, ssh:// or default")
+        return self
+
+
 class EnvSection(Section):
     """Where tasks come from and where their commands run."""
 
@@ -139,6 +162,10 @@ class EnvSection(Section):
     output_limit_chars: int = Field(8000, gt=0)
     max_parallel: int = Field(8, gt=0)
     memory_limit: str = "2g"
+    # backend docker: the engines sandboxes are placed on (least loaded with a free slot; dead ones
+    # skipped until they answer again). Empty: the one engine of DOCKER_HOST, no pool.
+    docker_hosts: list[DockerHostSection] = Field(default_factory=list)
+    docker_health_interval_s: float = Field(10.0, gt=0)  # how often each engine is pinged
     cpu_limit: float = Field(0.5, gt=0)
     pids_limit: int = Field(256, gt=0)
     allow_unisolated: bool = False  # run model commands on the host when bwrap is missing (local)

@@ -87,6 +87,7 @@ class SWEEnv:
             "demonstration_in_trained_prompt": config.agent.demonstration_in_trained_prompt,
         }
         if config.env.backend == "docker":
+            engine_pool(config)  # env.docker_hosts: open_sandbox takes sandboxes from this pool
             kwargs["sandbox_limits"] = {
                 "mem_limit": config.env.memory_limit,
                 "cpus": config.env.cpu_limit,
@@ -184,6 +185,17 @@ class SWEEnv:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def engine_pool(config: Any) -> Any:
+    """The process's pool of the Docker engines of a RunConfig's `env.docker_hosts` (configured once;
+    None when the list is empty: sandboxes go to the DOCKER_HOST engine alone, as without a pool)."""
+    from envs.engines import ensure_configured
+
+    if config.env.backend != "docker":
+        return None
+    hosts = [h.model_dump() for h in config.env.docker_hosts]
+    return ensure_configured(hosts, health_interval_s=config.env.docker_health_interval_s)
 
 
 def _envs() -> Any:

@@ -76,6 +76,21 @@ def check_isolation(cfg: RunConfig) -> str:
     return words
 
 
+def start_engine_pool(cfg: RunConfig) -> None:
+    """Set up the pool of `env.docker_hosts`, say which engines answer; none answering is an error."""
+    from jaxswe.agent.swe_env import engine_pool
+
+    pool = engine_pool(cfg)
+    up = pool.check()
+    for e in pool.engines:
+        state = "answers" if e.healthy else f"does NOT answer ({e.last_error[:200]})"
+        print(f"jaxswe: Docker engine {e.name} (capacity {e.spec.capacity}) {state}", file=sys.stderr)
+    if not up:
+        raise UserError(
+            "no Docker engine of env.docker_hosts answers: " + ", ".join(e.name for e in pool.engines)
+        )
+
+
 def start_sandboxes(cfg: RunConfig) -> None:
     """Say how model commands are isolated, and reap what dead predecessors left (sandbox
     directories, containers); once a stage's inputs are checked."""
@@ -86,6 +101,9 @@ def start_sandboxes(cfg: RunConfig) -> None:
     words = check_isolation(cfg)
     warning = "" if isolation(cfg.env.backend)[1] else "WARNING: "
     print(f"jaxswe: {warning}sandbox isolation: {words}", file=sys.stderr)
+    from jaxswe.agent.swe_env import engine_pool
+
+    engine_pool(cfg)  # env.docker_hosts: reap every engine of the pool
     removed = reap(cfg.env.backend)
     if removed:
         print(f"jaxswe: removed {len(removed)} sandboxes left by dead runs", file=sys.stderr)
@@ -96,6 +114,8 @@ def check_inputs(cfg: RunConfig) -> tuple[list[Any], list[Any]]:
     check_settings(cfg)
     if not is_toy(cfg):  # the toy game runs no commands
         check_isolation(cfg)
+        if cfg.env.backend == "docker" and cfg.env.docker_hosts:
+            start_engine_pool(cfg)
     tasks = toy_tasks(cfg) if is_toy(cfg) else load_pool(cfg.env.tasks)
     eval_tasks = load_pool(cfg.env.eval_tasks) if cfg.env.eval_tasks else tasks
     if cfg.task_subset:

@@ -103,3 +103,94 @@ def test_config_keeps_the_router_out_of_the_worker_list():
         client_from_config(
             RolloutSection(engine="http", urls=[*workers, "http://r:31000"], router="http://r:31000/")
         )
+
+
+def _versioned_worker(state: dict):
+    """A worker that reports the weight version it last loaded (as SGLang and `jaxswe serve` do)."""
+
+    async def generate(request):
+        state["generated"] += 1
+        return web.json_response({"output_ids": [3], "meta_info": {
+            "output_token_logprobs": [[-1.0, 3, None]], "finish_reason": {"type": "stop"},
+            "weight_version": state["version"]}})  # fmt: skip
+
+    async def update(request):
+        state["version"] = (await request.json())["weight_version"]
+        return web.json_response({"success": True, "message": "ok", "num_paused_requests": 0})
+
+    async def ok(request):
+        return web.json_response({"model_path": "m", "weight_version": state["version"]})
+
+    return {"/generate": generate, "/update_weights_from_disk": update, "/health": ok,
+            "/get_model_info": ok, "/get_server_info": ok, "/pause_generation": ok,
+            "/continue_generation": ok, "/flush_cache": ok}  # fmt: skip
+
+
+async def _serve_at(routes, port):
+    app = web.Application()
+    for path, handler in routes.items():
+        (
+            app.router.add_get
+            if path in ("/health", "/get_model_info", "/get_server_info")
+            else app.router.add_post
+        )(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+def test_worker_dies_behind_the_real_router_and_rejoins_at_the_current_version(caplog):
+    """The real sglang-router (pip) in front of two workers: one dies; generation goes on through
+    the router, weight updates skip the dead worker with one log line, pause/continue too; back at
+    the same address it loads the newest weights before it takes part again."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    pytest.importorskip("sglang_router")  # the dev extra installs it
+    ports, router_port = [_free_port(), _free_port()], _free_port()
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    states = [{"version": "0", "generated": 0} for _ in ports]
+
+    async def main():
+        runners = [await _serve_at(_versioned_worker(s), p) for s, p in zip(states, ports, strict=True)]
+        router = subprocess.Popen(
+            [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
+             str(router_port), "--worker-urls", *urls, "--policy", "round_robin", "--log-level", "warn"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        router_url = f"http://127.0.0.1:{router_port}"
+        try:
+            for _ in range(200):
+                try:
+                    await asyncio.to_thread(urllib.request.urlopen, router_url + "/health", None, 1)
+                    break
+                except OSError:
+                    await asyncio.sleep(0.1)
+            async with RolloutClient(urls, router=router_url, max_retries=3, backoff_s=0.05) as client:
+                client.rejoin_every_s = 0.0
+                params = SamplingParams(max_new_tokens=1)
+                await asyncio.gather(*(client.generate([1, 2], params) for _ in range(4)))
+                assert all(s["generated"] > 0 for s in states)  # the router spreads requests
+                await runners[1].cleanup()  # worker 1 dies
+                gens = await asyncio.gather(*(client.generate([1, 2], params) for _ in range(6)))
+                assert all(g.output_ids == [3] for g in gens)
+                await client.update_weights_from_disk("/w", weight_version="1", pause=True)
+                await client.update_weights_from_disk("/w", weight_version="2", pause=True)
+                assert client.stale == {urls[1]} and states[0]["version"] == "2"
+                states[1]["version"] = "0"  # restarted with its launch weights
+                runners[1] = await _serve_at(_versioned_worker(states[1]), ports[1])
+                await client.generate([1, 2], params)  # probes the left-out worker: it rejoins
+                assert client.stale == set() and states[1]["version"] == "2"
+        finally:
+            router.kill()
+            router.wait()
+            for r in runners:
+                await r.cleanup()
+
+    with caplog.at_level("WARNING", logger="jaxswe.rollout.client"):
+        asyncio.run(main())
+    left_out = [r.message for r in caplog.records if "does not answer" in r.message]
+    assert len(left_out) == 1 and urls[1] in left_out[0], left_out  # one line, not one per call
+    assert any("rejoined at weight version 2" in r.message for r in caplog.records)

@@ -5,8 +5,13 @@ in flight (ties in round-robin order), or all to one sglang-router URL (`router`
 calls (weight updates, cache flushes, health) always go to every worker URL: the router has no
 `/update_weights_from_disk` route and answers `/health` 200 with no live worker. Connection errors,
 timeouts and 5xx answers are retried with exponential backoff, preferring another server; 4xx
-answers are not retried. Sampling parameters are sent explicitly on every request, and in training
-mode (`allow_biased_sampling=False`) anything but the model's full softmax is refused.
+answers are not retried. A worker that does not answer at all is left out of control calls and
+weight updates with one log line (`stale`); it loads the newest weights and takes part again once
+it answers /health (`rejoin`: at the next weight update, or within `rejoin_every_s` of a generate
+call). Behind a router, until then the router may send it requests, answered under its old
+weights; their tokens carry its older `weight_version` (rl.max_staleness > 0 drops them as stale).
+Sampling parameters are sent explicitly on every request, and in training mode
+(`allow_biased_sampling=False`) anything but the model's full softmax is refused.
 
 Partial rollouts: a request that comes back aborted by `/pause_generation` (finish_reason
 "abort") is sent again as its continuation (prompt + the tokens so far, the rest of the budget,
@@ -59,6 +64,10 @@ class RequestAborted(RolloutError):
     """A request cancelled with `RolloutClient.abort_request`."""
 
 
+class _Unreachable(Exception):
+    """A connection error or timeout: the server did not answer at all."""
+
+
 class _RetryableError(Exception):
     pass
 
@@ -101,6 +110,11 @@ class RolloutClient:
         self._cancelled: set[str] = set()  # of those, cancelled with abort_request
         self._pauses = 0  # pause_generation calls so far: aborts they caused are expected
         self._pausing = False  # between this client's pause_generation and continue_generation
+        self.stale: set[str] = set()  # workers unreachable at a weight update: they serve old weights
+        self._weights: dict[str, Any] | None = None  # the newest update's payload, for rejoining workers
+        self.rejoin_every_s = 5.0  # while workers are left out, generate() probes them this often
+        self._next_rejoin = 0.0
+        self._rejoining = False
 
     # -- session -------------------------------------------------------------------------------
     async def __aenter__(self) -> RolloutClient:
@@ -128,7 +142,7 @@ class RolloutClient:
         n = len(self.generate_urls)
         order = [self.generate_urls[(self._next + i) % n] for i in range(n)]
         self._next = (self._next + 1) % n
-        up = [u for u in order if self._down_until[u] <= now] or order
+        up = [u for u in order if self._down_until[u] <= now and u not in self.stale] or order
         if avoid is not None and len(up) > 1:
             up = [u for u in up if u != avoid]
         return min(up, key=lambda u: self.in_flight[u])
@@ -149,7 +163,7 @@ class RolloutClient:
                     return text
         except (TimeoutError, aiohttp.ClientConnectionError) as err:
             self._down_until[url] = time.monotonic() + self.backoff_s
-            raise _RetryableError(f"{url}{path}: {type(err).__name__}: {err}") from None
+            raise _RetryableError(f"{url}{path}: {type(err).__name__}: {err}") from _Unreachable()
         finally:
             self.in_flight[url] -= 1
 
@@ -198,6 +212,13 @@ class RolloutClient:
         if rid in self._rids:
             raise UserError(f"request id {rid!r} is already in flight")
         self._rids.add(rid)
+        if self.stale and not (self._rejoining or self._pausing) and time.monotonic() >= self._next_rejoin:
+            self._next_rejoin = time.monotonic() + self.rejoin_every_s
+            self._rejoining = True
+            try:
+                await self.rejoin()
+            finally:
+                self._rejoining = False
         try:
             return await self._generate(list(input_ids), params, logprob_start_len, rid)
         finally:
@@ -282,8 +303,9 @@ class RolloutClient:
         return healthy
 
     async def _post_all(self, path: str, payload: dict[str, Any] | None) -> list[Any]:
-        """POST to every worker (each retried); raises, once every worker has answered, naming
-        those that failed."""
+        """POST to every worker but the stale ones (each retried); a worker that does not answer
+        at all is skipped (`_skip`); raises, once every worker has answered, naming those that
+        answered with an error, or when none answered."""
 
         async def one(url: str) -> Any:
             for attempt in range(self.max_retries + 1):
@@ -291,16 +313,48 @@ class RolloutClient:
                     return await self._post_once(url, path, payload)
                 except _RetryableError as err:
                     if attempt == self.max_retries:
+                        if isinstance(err.__cause__, _Unreachable):
+                            return self._skip(url, str(err), path)
                         raise RolloutError(str(err)) from None
                     await asyncio.sleep(min(self.max_backoff_s, self.backoff_s * 2**attempt))
 
-        results = await asyncio.gather(*(one(u) for u in self.urls), return_exceptions=True)
+        live = [u for u in self.urls if u not in self.stale]
+        results = await asyncio.gather(*(one(u) for u in live), return_exceptions=True)
         failed = [str(r) for r in results if isinstance(r, BaseException)]
         if failed:
-            raise RolloutError(
-                f"{path} failed on {len(failed)} of {len(self.urls)} workers: " + "; ".join(failed)
-            )
+            raise RolloutError(f"{path} failed on {len(failed)} of {len(live)} workers: " + "; ".join(failed))
+        if not any(u not in self.stale for u in self.urls):
+            raise RolloutError(f"{path}: no rollout worker answers ({', '.join(self.urls)})")
         return results
+
+    def _skip(self, url: str, why: str, what: str) -> None:
+        """Leave out a worker that does not answer, with one log line: it misses weight updates
+        until it answers again (`rejoin`), and this client sends it no generation meanwhile."""
+        if url not in self.stale:
+            log.warning(
+                "rollout worker %s does not answer (%s): skipped by %s and by weight updates until it "
+                "answers again, then it loads the current weights", url, why, what,
+            )  # fmt: skip
+            self.stale.add(url)
+
+    async def rejoin(self) -> list[str]:
+        """Workers left out earlier that answer /health again load the newest weights (the newest
+        update's payload) and take part again; returns them."""
+        back = []
+        probes = await asyncio.gather(*(self._get_status(u, "/health") for u in sorted(self.stale)))
+        for url, status in probes:
+            if status != 200:
+                continue
+            if self._weights is not None:
+                ok, msg = (await self._update_one(url, "/update_weights_from_disk", self._weights))[1:]
+                if not ok:
+                    log.warning("rollout worker %s answers again but cannot load the weights: %s", url, msg)
+                    continue
+            self.stale.discard(url)
+            back.append(url)
+            version = None if self._weights is None else self._weights["weight_version"]
+            log.warning("rollout worker %s answers again: rejoined at weight version %s", url, version)
+        return back
 
     async def update_weights_from_disk(
         self, model_path: str, *, weight_version: str | None = None, pause: bool = False
@@ -329,15 +383,27 @@ class RolloutClient:
         results = await asyncio.gather(
             *(self._update_one(u, "/update_weights_from_disk", payload) for u in self.urls)
         )
-        failed = [f"{u}: {msg}" for u, ok, msg in results if not ok]
+        failed = [f"{u}: {msg}" for u, ok, msg in results if ok is False]
         if failed:
             raise RolloutError(
                 f"update_weights_from_disk({model_path}) failed on worker "
                 + "; ".join(failed)
                 + " (the run stops: its workers would serve different weights)"
             )
+        if all(ok is None for _, ok, _ in results):
+            detail = "; ".join(f"{u}: {msg}" for u, _, msg in results)
+            raise RolloutError(f"update_weights_from_disk({model_path}): no worker answers ({detail})")
+        self._weights = payload
+        for u, ok, msg in results:
+            if ok is None:
+                self._skip(u, msg, f"the weight update to version {weight_version}")
+            elif u in self.stale:
+                self.stale.discard(u)
+                log.warning("rollout worker %s answers again: rejoined at version %s", u, weight_version)
 
-    async def _update_one(self, url: str, path: str, payload: dict[str, Any]) -> tuple[str, bool, str]:
+    async def _update_one(self, url: str, path: str, payload: dict[str, Any]) -> tuple[str, bool | None, str]:
+        """(url, True when loaded / False when the worker answered with an error / None when it
+        did not answer at all, message)."""
         try:
             async with self._get_session().post(url + path, json=payload) as resp:
                 text = await resp.text()
@@ -345,7 +411,9 @@ class RolloutClient:
                     return url, False, f"HTTP {resp.status}: {text[:300]}"
                 obj = await resp.json(content_type=None)
                 return url, bool(obj.get("success", False)), str(obj.get("message", ""))
-        except (TimeoutError, aiohttp.ClientError, ValueError) as err:
+        except (TimeoutError, aiohttp.ClientConnectionError) as err:
+            return url, None, f"{type(err).__name__}: {err}"
+        except (aiohttp.ClientError, ValueError) as err:
             return url, False, f"{type(err).__name__}: {err}"
 
     async def flush_cache(self) -> None:

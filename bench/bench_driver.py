@@ -1,10 +1,10 @@
 """The episode driver's own CPU per episode-step: can one asyncio process drive 3,000 episodes?
 
-    python bench/bench_driver.py [--episodes 32] [--concurrency 8 32] [--turns 8]
+    python bench/bench_driver.py [--episodes 32] [--concurrency 8 32] [--turns 8] [--backend docker]
 
 The driver is what `jaxswe rl` runs on trainer process 0: `run_episodes` over the real agent loop
-(`jaxswe.agent.loop`), a `RolloutClient` over HTTP, and real local sandboxes (bubblewrap) of the
-built-in tasks, each episode graded at its end. The model is a stand-in HTTP server in another
+(`jaxswe.agent.loop`), a `RolloutClient` over HTTP, and real sandboxes (local bubblewrap, or
+Docker containers) of the built-in tasks, each episode graded at its end. The model is a stand-in HTTP server in another
 process that answers every turn at once (`ls -la`, then `submit` at the last turn), so the
 driver, not the model, is the bottleneck. The sandboxes' and the server's CPU are other
 processes'; the figure is this process's user + system CPU (getrusage) divided by the turns it
@@ -59,6 +59,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=32)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--backend", choices=("local", "docker"), default="local")
     ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
@@ -96,7 +97,7 @@ def main() -> None:
               "| wall s | turns / wall s |")  # fmt: skip
         print("|---:|---:|---:|---:|---:|---:|---:|")
         for conc in args.concurrency:
-            envs = [SWEEnv(tasks[i % len(tasks)], backend="local") for i in range(args.episodes)]
+            envs = [SWEEnv(tasks[i % len(tasks)], backend=args.backend) for i in range(args.episodes)]
 
             async def drive(envs=envs, conc=conc):
                 async with RolloutClient([url], max_retries=1) as client:

@@ -11,6 +11,8 @@ Setups, each timed on the same commands in round-robin order (so a noisy machine
   docker persistent   DockerSandbox, commands through one long-lived `docker exec`
   docker per-exec     DockerSandbox with `persistent_shell = False`: one `docker exec` per command
 Prints a markdown table of medians (ms) and the ratios the issue asks about. `--no-docker` skips Docker.
+`--grade N` also times N local gradings of the task's gold patch (about 15 sandbox calls each) with
+the persistent shell and without, alternating.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--no-docker", action="store_true")
+    parser.add_argument("--grade", type=int, default=0, help="local gradings to time each way")
     args = parser.parse_args()
     task = load_tasks(DATA)[0]
     template = clean_template(task)
@@ -126,6 +129,27 @@ def main() -> None:
         print(f"| {label} | " + " | ".join(cells) + " |")
     for name, note in notes.items():
         print(f"\nnote ({name}): {note}")
+    if args.grade:
+        _grading(task, args.grade)
+
+
+def _grading(task, rounds: int) -> None:
+    from envs import grade
+
+    times = {True: [], False: []}
+    try:
+        for _ in range(rounds):
+            for persistent in (True, False):
+                LocalSandbox.persistent_shell = persistent
+                start = time.perf_counter()
+                result = grade(task, task.patch, "local")
+                times[persistent].append(time.perf_counter() - start)
+                assert result.resolved, result.reason
+    finally:
+        LocalSandbox.persistent_shell = True
+    on, off = (statistics.median(times[k]) for k in (True, False))
+    print(f"\nlocal grading of {task.instance_id}'s gold patch, median of {rounds}: "
+          f"persistent {on:.2f} s, per-command {off:.2f} s ({on / off:.2f}x)")  # fmt: skip
 
 
 if __name__ == "__main__":

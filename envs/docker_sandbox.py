@@ -483,6 +483,7 @@ class DockerSandbox:
             if self._closed:
                 return
             self._closed = True
+        self._stop_shell()  # its socket; the runner goes with the container
         try:
             self.container.remove(force=True)
         except Exception as err:

@@ -327,7 +327,7 @@ class DockerSandbox:
                 try:
                     env = {**self._env, COMMAND_MARKER: marker_value}
                     reply = shell.run(argv, env, cwd=self.workdir, timeout=limit, head=half, tail=half,
-                                      files=files, marker=marker)  # fmt: skip
+                                      files=files, marker=marker, inherit_env=True)  # fmt: skip
                     break
                 except ShellRefused:
                     return None

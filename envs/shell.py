@@ -103,12 +103,13 @@ class Shell:
 
     def run(self, argv: list[str], env: dict[str, str], *, cwd: str | None, timeout: float, head: int,
             tail: int, cap: int | None = None, merge: bool = True, stdin: bytes | None = None,
-            files: dict[str, str] | None = None, marker: str = "") -> Reply:  # fmt: skip
+            files: dict[str, str] | None = None, marker: str = "", inherit_env: bool = False,
+            ) -> Reply:  # fmt: skip
         if not self.alive:
             raise ShellDied("the runner is gone")
         header = {
             "argv": argv, "env": env, "cwd": cwd, "timeout": timeout, "head": head, "tail": tail,
-            "cap": cap, "merge": merge, "files": files or {}, "marker": marker,
+            "cap": cap, "merge": merge, "files": files or {}, "marker": marker, "inherit_env": inherit_env,
             "stdin": -1 if stdin is None else len(stdin), "ack": self.transport.ack,
         }  # fmt: skip
         body = json.dumps(header).encode()
@@ -140,8 +141,10 @@ class Shell:
             self.alive = False
             raise ShellDied("the runner's answer header is implausibly large")
         answer = json.loads(self._exact(size, deadline))
-        if "error" in answer:
-            raise ShellRefused(answer["error"])  # the runner lives; this request could not run
+        if "error" in answer:  # the runner lives; the request failed in it
+            if answer.get("started"):  # after the command started: not to be run again
+                raise ShellDied(answer["error"])
+            raise ShellRefused(answer["error"])
         lengths = [int(answer[k]) for k in ("nhead", "ntail", "nerr")]
         if sum(lengths) > head + tail + 4096:
             self.alive = False

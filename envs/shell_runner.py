@@ -11,8 +11,8 @@ secret token that starts every answer.
 Request: b"Q" + 4-byte big-endian length + JSON header + `stdin` bytes (header "stdin": count,
 or -1 for /dev/null). Header: argv, env, cwd, timeout (s), head, tail (bytes of stdout kept from
 the start and the end), cap (kill once stdout passes it; null: never), merge (stderr into
-stdout), files ({path: text} written before, removed after), marker ("NAME=value": processes
-holding it are killed at timeout).
+stdout), inherit_env (env on top of the runner's own environment), files ({path: text} written
+before, removed after), marker ("NAME=value": processes holding it are killed at timeout), ack.
 Accepted (when the header says "ack"): token + ff ff ff ff, once the request is read (before
 the command starts).
 Answer: token + 4-byte length + JSON {code, timed_out, total, head, tail, err, left} + the
@@ -36,6 +36,7 @@ import sys
 import time
 
 ACCEPTED = b"\xff\xff\xff\xff"  # in place of an answer's length: the request was read
+RUNNING = [None]  # the pid of the command being run (an error then kills it and says so)
 DRAIN_S = 0.05  # after the command exits, how long its children may still fill the pipe
 
 
@@ -126,9 +127,12 @@ def run(req, stdin, mode, wake_r):
     out_r, out_w = os.pipe()
     err_r, err_w = (None, None) if req.get("merge") else os.pipe()
     in_r, in_w = (None, None) if stdin is None else os.pipe()
+    env = req["env"]
+    if req.get("inherit_env"):  # on top of the runner's own (a container's image ENV: PATH, ...)
+        env = dict(os.environ, **env)
     try:
         proc = subprocess.Popen(
-            req["argv"], env=req["env"], cwd=req.get("cwd"), close_fds=True, start_new_session=True,
+            req["argv"], env=env, cwd=req.get("cwd"), close_fds=True, start_new_session=True,
             stdin=subprocess.DEVNULL if in_r is None else in_r, stdout=out_w,
             stderr=subprocess.STDOUT if err_w is None else err_w,
         )  # fmt: skip
@@ -139,6 +143,7 @@ def run(req, stdin, mode, wake_r):
         msg = f"bash: {e}\n".encode()
         return {"code": 127, "timed_out": False, "total": len(msg), "left": 0}, msg, b"", b""
     child, status = proc.pid, [None]
+    RUNNING[0] = child
     for fd in (out_w, err_w, in_r):
         if fd is not None:
             os.close(fd)
@@ -226,6 +231,7 @@ def run(req, stdin, mode, wake_r):
     for fd in list(readers) + ([in_w] if in_w is not None else []):
         os.close(fd)
     proc.returncode = 0  # reaped here; keeps subprocess from waiting on it again
+    RUNNING[0] = None
     st = status[0]
     code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else 128 + os.WTERMSIG(st)
     for path in written:
@@ -268,8 +274,16 @@ def main():
         try:
             header, head, tail, err = run(req, stdin, mode, wake_r)
         except Exception as e:  # report, never die: the host falls back for this request
-            msg = f"runner: {e!r}".encode()
-            header, head, tail, err = {"error": msg.decode(), "code": -1}, b"", b"", b""
+            started, RUNNING[0] = RUNNING[0], None
+            if started is not None:  # it ran: kill what it started; the host must not run it again
+                with contextlib.suppress(OSError):
+                    os.killpg(started, signal.SIGKILL)
+                if mode == "ns":
+                    kill_others(started, [None])
+                elif req.get("marker"):
+                    kill_marked(req["marker"], os.getpid())
+            error = {"error": f"runner: {e!r}", "started": started is not None, "code": -1}
+            header, head, tail, err = error, b"", b"", b""
         header.update(nhead=len(head), ntail=len(tail), nerr=len(err))
         body = json.dumps(header).encode()
         write_all(ctl_out, token + struct.pack(">I", len(body)) + body + head + tail + err)

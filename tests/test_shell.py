@@ -27,6 +27,22 @@ PROBE = (
 )
 
 
+# What a command sees of its process: the same through the shell as through a process of its own.
+PARITY = (
+    "env | grep -v '^JAXSWE_COMMAND=\\|^_=' | sort; umask; ulimit -a; id; pwd; ls -l /proc/self/fd | wc -l"
+)
+
+
+def _same_as_per_command(sb) -> None:
+    persistent = sb.exec(PARITY)
+    sb.persistent_shell = False
+    try:
+        legacy = sb.exec(PARITY)
+    finally:
+        sb.persistent_shell = True
+    assert persistent == legacy and "PATH=" in legacy.output, (persistent.output, legacy.output)
+
+
 @pytest.fixture
 def local(tmp_path):
     if not bwrap_available():
@@ -50,6 +66,7 @@ def _runner_pid(sb) -> int:
 
 def test_exit_codes_output_cap_and_forged_framing(local):
     assert local.exec("echo out; echo err >&2; exit 7").exit_code == 7
+    _same_as_per_command(local)
     assert local.exec("kill -9 $$").exit_code == 137
     pid = _runner_pid(local)
     forged = local.exec(f"{FORGED}; exit 3")
@@ -104,6 +121,7 @@ def test_docker_persistent_shell():
         pytest.skip("no Docker engine reachable")
     with DockerSandbox(BASE_IMAGE, workdir="/tmp", output_limit=1000) as sb:
         assert sb.exec("echo out; echo err >&2; exit 7").output == "out\nerr\n"
+        _same_as_per_command(sb)
         pid = sb._shell.pid
         forged = sb.exec(f"{FORGED}; exit 3")
         assert forged.exit_code == 3 and forged.output.startswith("0123456789abcdef\0\0\0@{")

@@ -305,6 +305,31 @@ class DockerSandbox:
         """Run `script` through the container's persistent shell; None when it cannot (the caller
         makes one `docker exec` for it: no python3 in the image, switched off, or another thread's
         command is running in it)."""
+        argv, files = ["bash", "-c", script], None
+        if len(script.encode()) > ARG_LIMIT:  # too long for one argument: through a file
+            path = f"/tmp/.jaxswe-command-{uuid.uuid4().hex}.sh"
+            argv, files = ["bash", "-c", 'script=$1; shift; . "$script"', "bash", path], {path: script}
+        half = self.output_limit // 2
+        got = self._through_shell(argv, marker_value, limit, head=half, tail=half, files=files)
+        if got is None:
+            return None
+        reply, died = got
+        if reply is None and died is None:
+            return self._dead_result()
+        if died is not None:  # it died under the command
+            why = "timed out and was killed" if died.timed_out else "died"
+            return ExecResult(
+                f"[the sandbox's shell {why} during this command ({died}); its output is lost; "
+                "what it started was killed and a new shell runs the next command]\n",
+                TIMEOUT_EXIT_CODE if died.timed_out else DEAD_EXIT_CODE, died.timed_out,
+            )  # fmt: skip
+        code = TIMEOUT_EXIT_CODE if reply.timed_out else reply.code
+        return ExecResult(reply.buffer(self.output_limit).text(), code, reply.timed_out)
+
+    def _through_shell(self, argv: list[str], marker_value: str, limit: float, **kw):
+        """(reply, None) from the shell; (None, ShellDied) when it died under the request (what the
+        request started is killed); (None, None) when the container is gone (`dead`); None when no
+        shell can take it: the caller makes a `docker exec` for it."""
         if not self.persistent_shell or self._closed:
             return None
         with self._shell_guard:
@@ -314,47 +339,28 @@ class DockerSandbox:
         if not self._shell_lock.acquire(blocking=False):
             return None
         try:
-            argv, files = ["bash", "-c", script], None
-            if len(script.encode()) > ARG_LIMIT:  # too long for one argument: through a file
-                path = f"/tmp/.jaxswe-command-{uuid.uuid4().hex}.sh"
-                argv, files = ["bash", "-c", 'script=$1; shift; . "$script"', "bash", path], {path: script}
             marker = f"{COMMAND_MARKER}={marker_value}"
-            half = self.output_limit // 2
-            died = None
+            env = {**self._env, COMMAND_MARKER: marker_value}
             for attempt in range(2):  # a shell found dead before it took the request: a new one
                 if (shell := self._ensure_shell()) is None:
                     return None
                 try:
-                    env = {**self._env, COMMAND_MARKER: marker_value}
-                    reply = shell.run(argv, env, cwd=self.workdir, timeout=limit, head=half, tail=half,
-                                      files=files, marker=marker, inherit_env=True)  # fmt: skip
-                    break
+                    reply = shell.run(argv, env, cwd=self.workdir, timeout=limit, marker=marker,
+                                      inherit_env=True, **kw)  # fmt: skip
+                    return reply, None
                 except ShellRefused:
                     return None
                 except ShellDied as err:
                     self._stop_shell(kill=True)
                     self.shell_note = f"shell restarted after: {err}"
                     if self._died():
-                        return self._dead_result()
-                    if not err.started:
-                        if attempt == 0:
-                            continue
+                        return None, None
+                    if err.started:
+                        self._kill_marked(marker)
+                        return None, err
+                    if attempt == 1:
                         return None
-                    died = err
-                    break
-            if died is not None:  # it died under the command
-                self._kill_marked(marker)
-                why = "timed out and was killed" if died.timed_out else "died"
-                return ExecResult(
-                    f"[the sandbox's shell {why} during this command ({died}); its output is lost; "
-                    "what it started was killed and a new shell runs the next command]\n",
-                    TIMEOUT_EXIT_CODE if died.timed_out else DEAD_EXIT_CODE, died.timed_out,
-                )  # fmt: skip
-            if reply.code == DEAD_EXIT_CODE and not reply.timed_out and self._died(wait_s=0.2):
-                return ExecResult(reply.buffer(self.output_limit).text() + self._dead_result().output,
-                                  DEAD_EXIT_CODE)  # fmt: skip
-            code = TIMEOUT_EXIT_CODE if reply.timed_out else reply.code
-            return ExecResult(reply.buffer(self.output_limit).text(), code, reply.timed_out)
+            return None
         finally:
             self._shell_lock.release()
 
@@ -420,6 +426,19 @@ class DockerSandbox:
         """Text of a regular file of at most `max_bytes` in the container (relative: under the repository)."""
         if "\0" in path:
             raise SandboxError(f"cannot read {path!r}: the name holds a NUL byte")
+        if self.dead:
+            raise SandboxError(f"cannot read {path}: the sandbox is gone")
+        read = ["sh", "-c", READ_SCRIPT, "read", self._abs(path), str(max_bytes)]
+        got = self._through_shell(read, f"{self.id}.{next(self._counter)}", READ_TIMEOUT_S,
+                                  head=max_bytes + 1, tail=0, cap=max_bytes, merge=False)  # fmt: skip
+        if got is not None and got[0] is not None:
+            reply = got[0]
+            code, err = reply.code, reply.err.decode("utf-8", "replace")
+            if len(reply.head) > max_bytes and not reply.timed_out and code != 0:  # grew past the cap
+                code, err = 92, str(len(reply.head))
+            if (error := read_error(path, code, err, max_bytes, reply.timed_out)) is not None:
+                raise error
+            return reply.head[:max_bytes].decode("utf-8", errors="replace")
         if self.dead:
             raise SandboxError(f"cannot read {path}: the sandbox is gone")
         argv = ["timeout", "-s", "KILL", f"{READ_TIMEOUT_S:.0f}s", "sh", "-c", READ_SCRIPT, "read",

@@ -133,6 +133,12 @@ def test_docker_persistent_shell():
         assert r.timed_out and r.exit_code == 124 and r.output == "up\n"
         assert "sleep 9" not in sb.exec("ps -eo args").output
         assert sb.exec("echo a; : " + "y" * (ARG_LIMIT + 10) + "; echo b").output == "a\nb\n"
+        assert sb.exec("seq 1000 > big.txt; mkfifo fifo").exit_code == 0
+        assert sb.read_file("/tmp/big.txt").endswith("999\n1000\n")
+        refused = {"big.txt": "bytes read at most", "fifo": "not a regular file", "no": "no such"}
+        for name, why in refused.items():
+            with pytest.raises(SandboxError, match=why):
+                sb.read_file(name, max_bytes=100)
         assert sb._shell.pid == pid
         died = sb.exec("kill -9 $PPID; sleep 1")  # the command kills its shell
         assert died.exit_code == 137 and "shell died" in died.output

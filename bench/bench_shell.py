@@ -2,7 +2,9 @@
 
     DOCKER_HOST=unix:///tmp/jaxswe-ci-docker/docker.sock .venv/bin/python bench/bench_shell.py --reps 50
 
-Setups, each timed on the same commands in round-robin order (so a noisy machine slows all alike):
+Setups, each timed on the same commands, interleaved in a fresh random order each round (so a noisy
+machine slows all alike), `--settle` seconds of sleep before each timed call (so what one call
+leaves running, a container's exec cleanup, a namespace's teardown, lands on no other's timing):
   local persistent    LocalSandbox under bwrap, commands through its persistent shell (envs.shell)
   local per-command   the same sandbox kind with `persistent_shell = False`: bwrap + setpriv per command
   mini-swe-agent      mini-swe-agent's LocalEnvironment.execute (unisolated `subprocess` with shell=True
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -73,6 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--no-docker", action="store_true")
+    parser.add_argument("--settle", type=float, default=0.02, help="sleep before each timed call (s)")
     parser.add_argument("--grade", type=int, default=0, help="local gradings to time each way")
     args = parser.parse_args()
     task = load_tasks(DATA)[0]
@@ -101,9 +105,13 @@ def main() -> None:
                 for command in COMMANDS.values():
                     sb.exec(command)
         times = {(s, c): [] for s in setups for c in COMMANDS}
+        rng = random.Random(0)
         for _ in range(args.reps):
             for label, command in COMMANDS.items():
-                for name, sb in setups.items():
+                order = list(setups.items())
+                rng.shuffle(order)
+                for name, sb in order:
+                    time.sleep(args.settle)
                     start = time.perf_counter()
                     sb.exec(command)
                     times[name, label].append(time.perf_counter() - start)

@@ -14,9 +14,10 @@ as SANDBOX_USER that forks each command; on timeout it kills the command's proce
 every process still carrying the command's environment marker (nohup, setsid). Output stops
 being read 50 ms after the command returns, so a background process that still writes to it gets
 SIGPIPE (redirect its output). A command that kills the shell gets exit code 137 and a message,
-and the next command starts a new one. Without it (`persistent_shell = False`, an image without
-python3, or a second thread's concurrent call) each command is
-`timeout -s KILL <t> bash -c <command>` through its own `docker exec`, with the same kills.
+and the next command starts a new one. `read_file` goes through it too. Without it
+(`persistent_shell = False`, an image without python3, or a second thread's concurrent call)
+each command is `timeout -s KILL <t> bash -c <command>` through its own `docker exec`, with the
+same kills.
 `reap_containers()` (run once per process before the first container starts) removes labelled
 containers whose owner died.
 """

@@ -8,11 +8,18 @@ repository in the task images (envs.images) and nothing else; labelled with its 
 (host, pid, process start time) and run. A command longer than ARG_LIMIT goes through a file.
 A container that dies under a command (the command killed its init or ran it out of memory) is
 the policy's doing: that exec and every later one return exit code 137 and a message, and
-`dead` is set, instead of an exception (an infrastructure failure). Each command is
-`timeout -s KILL <t> bash -c <command>` through `docker exec`: on timeout `timeout` kills the
-command's whole process group inside the container, then every process still carrying the
-command's environment marker (nohup, setsid) is killed too. `reap_containers()` (run once per
-process before the first container starts) removes labelled containers whose owner died.
+`dead` is set, instead of an exception (an infrastructure failure). Commands run through the
+container's persistent shell (envs.shell): one long-lived `docker exec` of the image's python3
+as SANDBOX_USER that forks each command; on timeout it kills the command's process group, then
+every process still carrying the command's environment marker (nohup, setsid). Output stops
+being read 50 ms after the command returns, so a background process that still writes to it gets
+SIGPIPE (redirect its output). A command that kills the shell gets exit code 137 and a message,
+and the next command starts a new one. `read_file` goes through it too. Without it
+(`persistent_shell = False`, an image without python3, or a second thread's concurrent call)
+each command is `timeout -s KILL <t> bash -c <command>` through its own `docker exec`, with the
+same kills.
+`reap_containers()` (run once per process before the first container starts) removes labelled
+containers whose owner died.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from envs.sandbox import (
     start_time,
     unrunnable,
 )
+from envs.shell import DockerTransport, Shell, ShellDied, ShellRefused, runner_argv
 
 LABEL = "jaxswe.sandbox"
 BUILD_LABEL = "jaxswe.build"
@@ -64,6 +72,7 @@ _KILL_MARKED = (
     'if tr "\\0" "\\n" < "$d/environ" 2>/dev/null | grep -qxF "$1"; then kill -9 "${d#/proc/}" 2>/dev/null; found=1; fi; '  # noqa: E501
     'done; [ -z "$found" ] && break; done'
 )
+_SHELL_MAX_STARTS = 20  # persistent shells one sandbox starts at most; then one exec per command
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 _reaped = False
 _reap_lock = threading.Lock()
@@ -149,6 +158,9 @@ def _reap_once(client) -> None:
 
 class DockerSandbox:
     """A container of `image` with the repository at `workdir` (see the module docstring)."""
+
+    persistent_shell = True  # commands run through one long-lived `docker exec` (envs.shell)
+    _shell_guard = threading.Lock()
 
     def __init__(
         self,
@@ -248,6 +260,8 @@ class DockerSandbox:
         marker_value = f"{self.id}.{n}"
         marker = f"{COMMAND_MARKER}={marker_value}"
         script = f"{self.shell_init}\n{command}" if self.shell_init else command
+        if (result := self._shell_exec(script, limit, marker_value)) is not None:
+            return result
         argv = ["timeout", "-s", "KILL", f"{limit:.3f}s", "bash", "-c", script]
         if len(script.encode()) > ARG_LIMIT:  # too long for one argument: through a file
             path = f"/tmp/.jaxswe-command-{uuid.uuid4().hex}.sh"
@@ -287,6 +301,102 @@ class DockerSandbox:
             code = TIMEOUT_EXIT_CODE
         return ExecResult(output=buf.text(), exit_code=-1 if code is None else code, timed_out=timed_out)
 
+    # -- the persistent shell (envs.shell) ---------------------------------------------------------
+    def _shell_exec(self, script: str, limit: float, marker_value: str) -> ExecResult | None:
+        """Run `script` through the container's persistent shell; None when it cannot (the caller
+        makes one `docker exec` for it: no python3 in the image, switched off, or another thread's
+        command is running in it)."""
+        argv, files = ["bash", "-c", script], None
+        if len(script.encode()) > ARG_LIMIT:  # too long for one argument: through a file
+            path = f"/tmp/.jaxswe-command-{uuid.uuid4().hex}.sh"
+            argv, files = ["bash", "-c", 'script=$1; shift; . "$script"', "bash", path], {path: script}
+        half = self.output_limit // 2
+        got = self._through_shell(argv, marker_value, limit, head=half, tail=half, files=files)
+        if got is None:
+            return None
+        reply, died = got
+        if reply is None and died is None:
+            return self._dead_result()
+        if died is not None:  # it died under the command
+            why = "timed out and was killed" if died.timed_out else "died"
+            return ExecResult(
+                f"[the sandbox's shell {why} during this command ({died}); its output is lost; "
+                "what it started was killed and a new shell runs the next command]\n",
+                TIMEOUT_EXIT_CODE if died.timed_out else DEAD_EXIT_CODE, died.timed_out,
+            )  # fmt: skip
+        code = TIMEOUT_EXIT_CODE if reply.timed_out else reply.code
+        return ExecResult(reply.buffer(self.output_limit).text(), code, reply.timed_out)
+
+    def _through_shell(self, argv: list[str], marker_value: str, limit: float, **kw):
+        """(reply, None) from the shell; (None, ShellDied) when it died under the request (what the
+        request started is killed); (None, None) when the container is gone (`dead`); None when no
+        shell can take it: the caller makes a `docker exec` for it."""
+        if not self.persistent_shell or self._closed:
+            return None
+        with self._shell_guard:
+            if "_shell_lock" not in self.__dict__:
+                self._shell_lock, self._shell = threading.Lock(), None
+                self._shell_starts, self.shell_note = 0, ""
+        if not self._shell_lock.acquire(blocking=False):
+            return None
+        try:
+            marker = f"{COMMAND_MARKER}={marker_value}"
+            env = {**self._env, COMMAND_MARKER: marker_value}
+            for attempt in range(2):  # a shell found dead before it took the request: a new one
+                if (shell := self._ensure_shell()) is None:
+                    return None
+                try:
+                    reply = shell.run(argv, env, cwd=self.workdir, timeout=limit, marker=marker,
+                                      inherit_env=True, **kw)  # fmt: skip
+                    return reply, None
+                except ShellRefused:
+                    return None
+                except ShellDied as err:
+                    self._stop_shell(kill=True)
+                    self.shell_note = f"shell restarted after: {err}"
+                    if self._died():
+                        return None, None
+                    if err.started:
+                        self._kill_marked(marker)
+                        return None, err
+                    if attempt == 1:
+                        return None
+            return None
+        finally:
+            self._shell_lock.release()
+
+    def _ensure_shell(self) -> Shell | None:
+        if self._shell is not None and self._shell.alive:
+            return self._shell
+        if self._shell is not None:
+            self._stop_shell(kill=True)
+        if self._shell_starts >= _SHELL_MAX_STARTS or self.dead or self._closed:
+            return None
+        self._shell_starts += 1
+        try:
+            exec_id = self.api.exec_create(
+                self.container.id, runner_argv("python3", "marker"), stdin=True,
+                stdout=True, stderr=True, tty=False, environment=self._env, workdir=self.workdir,
+                user=SANDBOX_USER,
+            )["Id"]  # fmt: skip
+            self._shell = Shell(DockerTransport(self.api.exec_start(exec_id, socket=True)))
+        except (ShellDied, OSError, Exception) as err:
+            self.shell_note = f"no persistent shell ({err}): one docker exec per command"
+            self._shell = None
+            return None
+        return self._shell
+
+    def _stop_shell(self, kill: bool = False) -> None:
+        shell, self._shell = getattr(self, "_shell", None), None
+        if shell is None:
+            return
+        shell.close()
+        if kill and shell.pid:  # it may be stopped (SIGSTOP) or busy: end it
+            with contextlib.suppress(Exception):
+                _, stream = self._exec_raw(["kill", "-9", str(shell.pid)])
+                for _ in stream:
+                    pass
+
     def _died(self, wait_s: float = 1.0) -> bool:
         """Whether the container stopped under a command (its main process was killed, or it ran out of
         memory); a stopping container can look running for a moment, so this looks for `wait_s`."""
@@ -317,6 +427,19 @@ class DockerSandbox:
         """Text of a regular file of at most `max_bytes` in the container (relative: under the repository)."""
         if "\0" in path:
             raise SandboxError(f"cannot read {path!r}: the name holds a NUL byte")
+        if self.dead:
+            raise SandboxError(f"cannot read {path}: the sandbox is gone")
+        read = ["sh", "-c", READ_SCRIPT, "read", self._abs(path), str(max_bytes)]
+        got = self._through_shell(read, f"{self.id}.{next(self._counter)}", READ_TIMEOUT_S,
+                                  head=max_bytes + 1, tail=0, cap=max_bytes, merge=False)  # fmt: skip
+        if got is not None and got[0] is not None:
+            reply = got[0]
+            code, err = reply.code, reply.err.decode("utf-8", "replace")
+            if len(reply.head) > max_bytes and not reply.timed_out and code != 0:  # grew past the cap
+                code, err = 92, str(len(reply.head))
+            if (error := read_error(path, code, err, max_bytes, reply.timed_out)) is not None:
+                raise error
+            return reply.head[:max_bytes].decode("utf-8", errors="replace")
         if self.dead:
             raise SandboxError(f"cannot read {path}: the sandbox is gone")
         argv = ["timeout", "-s", "KILL", f"{READ_TIMEOUT_S:.0f}s", "sh", "-c", READ_SCRIPT, "read",
@@ -380,6 +503,7 @@ class DockerSandbox:
             if self._closed:
                 return
             self._closed = True
+        self._stop_shell()  # its socket; the runner goes with the container
         try:
             self.container.remove(force=True)
         except Exception as err:

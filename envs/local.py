@@ -13,10 +13,16 @@ read-only (/usr, /etc), the base interpreter and any `ro_binds` (a per-task virt
 (a task's sandbox: `host_python=False`, the trainer's own virtualenv is not there and the base
 interpreter's site-packages are empty; else the running virtualenv is bound too), and of writable
 places only its own checkout, home and /tmp: no task files, upstream clones, template cache or
-other sandboxes. The command's pid namespace ends when it returns or
-times out, so everything it started (setsid, cleared environment) ends with it: on this backend
-background processes do not outlive their command. File reads and writes (`read_file`,
-`write_file`) run inside the sandbox too, so a path or symlink cannot reach the host.
+other sandboxes. Commands run through the sandbox's persistent shell (envs.shell): one runner,
+started once under that same bwrap, setpriv, rlimits and cgroups as pid 1 of the sandbox's pid
+namespace (signals from commands do not reach it), forks each command; when a command returns or
+times out the runner kills everything else in the namespace (kill(-1)), so everything it started
+(setsid, cleared environment) ends with it: on this backend background processes do not outlive
+their command. If the runner dies it is restarted (a command it was running reports exit 137 and
+says so in its output); without it (`persistent_shell = False`, a runner that cannot start, or a
+second thread's concurrent call) each command is its own bwrap whose pid namespace ends with it.
+File reads and writes (`read_file`, `write_file`) run inside the sandbox too (through the shell
+as well), so a path or symlink cannot reach the host.
 
 Without bwrap (isolation "none") commands run on the host as this user: processes carrying the
 sandbox's environment markers are killed at timeout and close, but a process that leaves the
@@ -66,6 +72,7 @@ from envs.sandbox import (
     resolve_timeout,
     unrunnable,
 )
+from envs.shell import PipeTransport, Shell, ShellDied, ShellRefused, runner_argv
 
 _DRAIN_S = 0.05  # after the shell exits, how long to keep reading output its children still write
 UID_RANGE = range(200_000, 260_000)  # each bwrap sandbox's own unprivileged uid (and gid), as root
@@ -78,8 +85,10 @@ DEFAULT_LIMITS = {  # rlimits of every command: processes, address space, file s
 DEFAULT_CAPS = {"memory": 4 << 30, "disk": 4 << 30}  # the whole sandbox's (envs.caps; bwrap as root)
 _RLIMITS = {"nproc": resource.RLIMIT_NPROC, "as": resource.RLIMIT_AS, "fsize": resource.RLIMIT_FSIZE,
             "nofile": resource.RLIMIT_NOFILE}  # fmt: skip
+SHELL_MARKER = "JAXSWE_SHELL"  # env var of a sandbox's persistent shell (not a command: no SANDBOX_MARKER)
 _OWNER_FILE = "owner.json"
 _UNOWNED_AGE_S = 24 * 3600.0  # a sandbox directory without an owner file is reaped once this old
+_SHELL_MAX_STARTS = 20  # persistent shells one sandbox starts at most; then one process per command
 
 
 def sandboxes_dir() -> Path:
@@ -209,6 +218,8 @@ def _set_limits(limits: dict[str, int], sandbox_caps: caps.Caps):
 class LocalSandbox:
     """A clean copy of a git repository (`source`) with commands run in it (see the module doc)."""
 
+    persistent_shell = True  # under bwrap, commands run through one long-lived shell (envs.shell)
+
     def __init__(
         self,
         source: str | Path,
@@ -241,6 +252,11 @@ class LocalSandbox:
         self._counter = itertools.count()
         self._closed = False
         self._lock = threading.Lock()
+        self._shell: Shell | None = None
+        self._shell_proc: subprocess.Popen | None = None
+        self._shell_lock = threading.Lock()
+        self._shell_starts = 0
+        self.shell_note = ""
         sandboxes_dir().mkdir(parents=True, exist_ok=True)
         self.root = Path(tempfile.mkdtemp(prefix="sbx-", dir=sandboxes_dir()))
         self.uid: int | None = None
@@ -283,7 +299,7 @@ class LocalSandbox:
         }
 
     # -- commands -------------------------------------------------------------------------------
-    def _argv(self, argv: list[str]) -> list[str]:
+    def _argv(self, argv: list[str], *, as_pid_1: bool = False) -> list[str]:
         if self.isolation == "none":
             return argv
         writable = [str(self.root / sub) for sub in ("home", "repo")]
@@ -300,6 +316,8 @@ class LocalSandbox:
                 binds += ["--tmpfs", path]
         flags = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                  "--die-with-parent", "--new-session"]  # fmt: skip
+        if as_pid_1:  # the persistent shell: no reaper; commands' signals cannot reach it
+            flags.append("--as-pid-1")
         if os.geteuid() == 0:  # drop to the sandbox uid for real: no capability, rlimits that count
             drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
                     "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]  # fmt: skip
@@ -308,14 +326,15 @@ class LocalSandbox:
             drop = []
         return ["bwrap", *binds, *flags, "--chdir", self.workdir, "--", *drop, *argv]
 
-    def _spawn(self, argv: list[str], env: dict[str, str], stdin: bool, merge: bool) -> subprocess.Popen:
+    def _spawn(self, argv: list[str], env: dict[str, str], stdin: bool, merge: bool,
+               as_pid_1: bool = False) -> subprocess.Popen:  # fmt: skip
         return subprocess.Popen(
-            self._argv(argv),
+            self._argv(argv, as_pid_1=as_pid_1),
             cwd=self.workdir if self.isolation == "none" else "/",
             env=env,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT if merge else subprocess.PIPE,
+            stderr=subprocess.DEVNULL if merge is None else subprocess.STDOUT if merge else subprocess.PIPE,
             start_new_session=True,
             preexec_fn=_set_limits({k: v for k, v in self.limits.items() if k in _RLIMITS}, self.caps),
         )
@@ -328,6 +347,8 @@ class LocalSandbox:
             return refused
         limit = resolve_timeout(timeout, self.timeout)
         n = next(self._counter)
+        if (result := self._shell_exec(command, limit, n)) is not None:
+            return result
         argv = ["bash", "-c", command]
         script = None
         if len(command.encode()) > ARG_LIMIT:  # too long for one argument: through a file
@@ -390,7 +411,13 @@ class LocalSandbox:
         """Run `argv` inside the sandbox with separate stdout (at most `cap` + 1 bytes kept) and stderr."""
         if self._closed:
             raise SandboxError("file access on a closed sandbox")
-        marker = f"{COMMAND_MARKER}={self.id}.{next(self._counter)}"
+        n = next(self._counter)
+        half = max(cap + 1, 4096) if cap is not None else 1 << 20
+        got = self._through_shell(argv, n, timeout, head=half, tail=0, cap=cap, merge=False, stdin=stdin)
+        if got is not None and got[0] is not None:  # (a shell that died under it: spawn it again)
+            reply = got[0]
+            return reply.code, reply.head, reply.err.decode("utf-8", "replace"), reply.timed_out
+        marker = f"{COMMAND_MARKER}={self.id}.{n}"
         proc = self._spawn(
             argv, {**self._env, COMMAND_MARKER: marker.split("=", 1)[1]}, stdin is not None, False
         )
@@ -422,6 +449,105 @@ class LocalSandbox:
         for t in threads:
             t.join(timeout=1)
         return code, bytes(out), err.decode("utf-8", "replace"), timed_out
+
+    # -- the persistent shell (envs.shell) ---------------------------------------------------------
+    def _shell_exec(self, command: str, limit: float, n: int) -> ExecResult | None:
+        """Run `command` through the persistent shell; None when it cannot (the caller spawns)."""
+        argv, files = ["bash", "-c", command], None
+        if len(command.encode()) > ARG_LIMIT:  # too long for one argument: through a file
+            script = f"/tmp/.jaxswe-command-{n}.sh"
+            argv, files = ["bash", "-c", 'script=$1; shift; . "$script"', "bash", script], {script: command}
+        half = self.output_limit // 2
+        got = self._through_shell(argv, n, limit, head=half, tail=half, files=files)
+        if got is None:
+            return None
+        reply, died = got
+        if died is not None:
+            why = "timed out and was killed" if died.timed_out else "died"
+            return ExecResult(
+                f"[the sandbox's shell {why} during this command ({died}); its output is lost; "
+                "everything it started was killed and a new shell runs the next command]\n",
+                TIMEOUT_EXIT_CODE if died.timed_out else 137, died.timed_out,
+            )  # fmt: skip
+        code = TIMEOUT_EXIT_CODE if reply.timed_out else reply.code
+        return ExecResult(
+            output=reply.buffer(self.output_limit).text(), exit_code=code, timed_out=reply.timed_out
+        )
+
+    def _through_shell(self, argv: list[str], n: int, limit: float, **kw):
+        """(reply, None) from the shell, (None, ShellDied) when it died under the request, or None
+        when no shell can take it (no bwrap, switched off, busy with another thread's command, or
+        it could not start or run this request): the caller spawns a process for it."""
+        if self.isolation != "bwrap" or not self.persistent_shell or self._closed:
+            return None
+        if not self._shell_lock.acquire(blocking=False):
+            return None  # a concurrent call: its own process, as before
+        try:
+            marker_value = f"{self.id}.{n}"
+            env = {**self._env, COMMAND_MARKER: marker_value}
+            for attempt in range(2):  # a shell found dead before it took the request: a new one
+                if (shell := self._ensure_shell()) is None:
+                    return None
+                try:
+                    reply = shell.run(argv, env, cwd=self.workdir, timeout=limit,
+                                      marker=f"{COMMAND_MARKER}={marker_value}", **kw)  # fmt: skip
+                    break
+                except ShellRefused:
+                    return None
+                except ShellDied as err:
+                    self.shell_note = f"shell restarted after: {err}"
+                    self._stop_shell()
+                    if not err.started and attempt == 0:
+                        continue
+                    kill_marked(f"{COMMAND_MARKER}={marker_value}")
+                    return (None, err) if err.started else None
+            if reply.timed_out:  # the shell killed its namespace's processes; and the marked ones
+                kill_marked(f"{COMMAND_MARKER}={marker_value}")
+            if reply.left:
+                self.shell_note = f"shell restarted: {reply.left} processes survived kill(-1)"
+                self._stop_shell()
+            return reply, None
+        finally:
+            self._shell_lock.release()
+
+    def _ensure_shell(self) -> Shell | None:
+        if self._shell is not None and self._shell.alive and self._shell_proc.poll() is None:
+            return self._shell
+        if self._shell is not None:
+            self._stop_shell()
+        if self._shell_starts >= _SHELL_MAX_STARTS or self._closed:
+            return None
+        self._shell_starts += 1
+        python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+        env = {"PATH": self._env["PATH"], "LANG": "C.UTF-8", SHELL_MARKER: self.id}
+        try:
+            proc = self._spawn(runner_argv(python, "ns"), env, True, None, as_pid_1=True)
+        except OSError as err:
+            self.shell_note = f"no persistent shell ({err}): one process per command"
+            return None
+        try:
+            self._shell = Shell(PipeTransport(proc))
+        except (ShellDied, OSError) as err:
+            self.shell_note = f"no persistent shell ({err}): one process per command"
+            self._shell_proc = proc
+            self._stop_shell()
+            return None
+        self._shell_proc = proc
+        if self._closed:  # closed while it started: close() may have missed it
+            self._stop_shell()
+        return self._shell
+
+    def _stop_shell(self) -> None:
+        shell, proc = self._shell, self._shell_proc
+        self._shell = self._shell_proc = None
+        if shell is not None:
+            shell.close()
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            kill_marked(f"{SHELL_MARKER}={self.id}")  # pid 1 of its namespace: all in it die
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
 
     def _kill_command(self, pgid: int, marker: str) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -460,6 +586,7 @@ class LocalSandbox:
             if self._closed:
                 return
             self._closed = True
+        self._stop_shell()
         kill_marked(f"{SANDBOX_MARKER}={self.id}")
         self.caps.release()
         shutil.rmtree(self.root, ignore_errors=True)
@@ -494,6 +621,7 @@ def reap_sandboxes(root: Path | None = None) -> list[str]:
         if owner is not None and owner_alive(owner):
             continue
         if owner is not None and owner.get("id"):
+            kill_marked(f"{SHELL_MARKER}={owner['id']}")
             kill_marked(f"{SANDBOX_MARKER}={owner['id']}")
         caps.release_stale(entry.name, entry)
         shutil.rmtree(entry, ignore_errors=True)

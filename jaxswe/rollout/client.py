@@ -21,7 +21,10 @@ the new weights. The returned Generation joins the pieces, and `weight_versions`
 token the weight version (`meta_info.weight_version`) of the server that sampled it. A seeded
 draw depends only on (seed, position) and the logits (SGLang's `sampling_seed` under
 --enable-deterministic-inference, and `jaxswe serve`), so a continuation draws what the
-uninterrupted request would have drawn from the same weights. Requests cancelled with
+uninterrupted request would have drawn from the same weights. An aborted piece that ends in one
+of the request's stop tokens or fills its budget ends the request (SGLang keeps the token of the
+aborting step whatever it is). A continuation refused as a duplicate rid (SGLang 0.5.10+, after
+an abort in the waiting queue) is sent under a new rid. Requests cancelled with
 `abort_request` raise `RequestAborted` instead. `update_weights_from_disk(..., pause=True)` is the
 weight handover with requests in flight (see there).
 """
@@ -108,6 +111,7 @@ class RolloutClient:
         self._session: aiohttp.ClientSession | None = None
         self._rids: set[str] = set()  # generate() calls in flight
         self._cancelled: set[str] = set()  # of those, cancelled with abort_request
+        self._wire: dict[str, str] = {}  # of those, the rid their continuation was sent under instead
         self._pauses = 0  # pause_generation calls so far: aborts they caused are expected
         self._pausing = False  # between this client's pause_generation and continue_generation
         self.stale: set[str] = set()  # workers unreachable at a weight update: they serve old weights
@@ -224,6 +228,7 @@ class RolloutClient:
         finally:
             self._rids.discard(rid)
             self._cancelled.discard(rid)
+            self._wire.pop(rid, None)
 
     async def _generate(
         self, input_ids: list[int], params: SamplingParams, start: int, rid: str
@@ -233,6 +238,7 @@ class RolloutClient:
         versions: list[str] | None = []
         prompt_logprobs = None
         empty_aborts = 0
+        pieces, refused = 0, False
         while True:
             remaining = params.max_new_tokens - len(ids)
             payload = {
@@ -242,10 +248,19 @@ class RolloutClient:
                 ),
                 "return_logprob": True,
                 "logprob_start_len": start if not ids else -1,
-                "rid": rid,
+                "rid": self._wire.get(rid, rid),
             }
             pauses = self._pauses
-            obj = await self._post("/generate", payload)
+            try:
+                obj = await self._post("/generate", payload)
+            except RolloutError as err:
+                # SGLang 0.5.10+ refuse a rid still registered, and leave the rid of a request aborted
+                # while queued registered: that continuation goes out under a new rid (0.5.9 accepts)
+                if not pieces or refused or "Duplicate request ID" not in str(err):
+                    raise
+                refused, self._wire[rid] = True, f"{rid}-{uuid.uuid4().hex[:12]}"
+                continue
+            pieces, refused = pieces + 1, False
             if isinstance(obj, list) and len(obj) == 1:
                 obj = obj[0]
             try:
@@ -256,9 +271,12 @@ class RolloutClient:
                 prompt_logprobs = part.prompt_logprobs
             ids += part.output_ids
             logprobs += part.logprobs
-            versions = (
-                None if versions is None or part.weight_versions is None else versions + part.weight_versions
-            )
+            if part.output_ids:  # an empty piece (queued at the abort) may carry no version (< 0.5.9)
+                versions = (
+                    None
+                    if versions is None or part.weight_versions is None
+                    else versions + part.weight_versions
+                )
             if part.finish_reason != "abort":
                 finish = part.finish_reason
                 break
@@ -271,8 +289,14 @@ class RolloutClient:
                 raise RolloutError(
                     f"request {rid} was aborted {empty_aborts} times in a row without progress"
                 )
+            # SGLang's abort wins over the other finish checks (Req.check_finished tests `to_finish`
+            # first): the token sampled in the aborting step may fill the budget or be a stop token,
+            # and then the request is complete; continuing it would sample past its end
             if len(ids) >= params.max_new_tokens:
                 finish = "length"
+                break
+            if part.output_ids and part.output_ids[-1] in params.stop_token_ids:
+                finish = "stop"
                 break
             # after this client's own pause, the continuation waits for its continue: some SGLang
             # versions end a pause only once no request is registered, held ones included
@@ -440,7 +464,8 @@ class RolloutClient:
         if not abort_all and not rid:
             raise UserError("abort_request needs a rid or abort_all")
         self._cancelled.update(self._rids if abort_all else {rid} & self._rids)
-        await self._post_all("/abort_request", {"rid": rid or "", "abort_all": abort_all})
+        wire = self._wire.get(rid, rid) if rid else ""
+        await self._post_all("/abort_request", {"rid": wire, "abort_all": abort_all})
 
 
 def logprob_gap(rollout_logprobs: Any, trainer_logprobs: Any, mask: Any) -> dict[str, float]:

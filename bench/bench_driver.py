@@ -4,9 +4,9 @@
 
 The driver is what `jaxswe rl` runs on trainer process 0: `run_episodes` over the real agent loop
 (`jaxswe.agent.loop`), a `RolloutClient` over HTTP, and real sandboxes (local bubblewrap, or
-Docker containers) of the built-in tasks, each episode graded at its end. The model is a stand-in HTTP server in another
-process that answers every turn at once (`ls -la`, then `submit` at the last turn), so the
-driver, not the model, is the bottleneck. The sandboxes' and the server's CPU are other
+Docker containers) of the built-in tasks, each episode graded at its end. The model is a stand-in
+HTTP server in another process that answers every turn at once (`ls -la`, then `submit` at the
+last turn), so the driver, not the model, is the bottleneck. The sandboxes' and the server's CPU are other
 processes'; the figure is this process's user + system CPU (getrusage) divided by the turns it
 drove (one generate + one command each), the episodes' setup and grading included.
 """

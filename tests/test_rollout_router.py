@@ -144,6 +144,7 @@ def test_worker_dies_behind_the_real_router_and_rejoins_at_the_current_version(c
     """The real sglang-router (pip) in front of two workers: one dies; generation goes on through
     the router, weight updates skip the dead worker with one log line, pause/continue too; back at
     the same address it loads the newest weights before it takes part again."""
+    import json
     import subprocess
     import sys
     import urllib.request
@@ -157,17 +158,20 @@ def test_worker_dies_behind_the_real_router_and_rejoins_at_the_current_version(c
         runners = [await _serve_at(_versioned_worker(s), p) for s, p in zip(states, ports, strict=True)]
         router = subprocess.Popen(
             [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
-             str(router_port), "--worker-urls", *urls, "--policy", "round_robin", "--log-level", "warn"],
+             str(router_port), "--worker-urls", *urls, "--policy", "round_robin", "--log-level", "warn",
+             "--health-check-interval-secs", "1"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         router_url = f"http://127.0.0.1:{router_port}"
         try:
-            for _ in range(200):
+            for _ in range(300):  # the router answers /health 200 before it knows a worker: ask /workers
                 try:
-                    await asyncio.to_thread(urllib.request.urlopen, router_url + "/health", None, 1)
-                    break
-                except OSError:
-                    await asyncio.sleep(0.1)
+                    reply = await asyncio.to_thread(urllib.request.urlopen, router_url + "/workers", None, 1)
+                    if sum(w.get("is_healthy", False) for w in json.loads(reply.read())["workers"]) == 2:
+                        break
+                except (OSError, ValueError, KeyError):
+                    pass
+                await asyncio.sleep(0.1)
             async with RolloutClient(urls, router=router_url, max_retries=3, backoff_s=0.05) as client:
                 client.rejoin_every_s = 0.0
                 params = SamplingParams(max_new_tokens=1)

@@ -298,8 +298,8 @@ class RolloutClient:
             if part.output_ids and part.output_ids[-1] in params.stop_token_ids:
                 finish = "stop"
                 break
-            # after this client's own pause, the continuation waits for its continue: some SGLang
-            # versions end a pause only once no request is registered, held ones included
+            # after this client's own pause, the continuation waits for its continue (SGLang would
+            # hold it until then anyway: a held request waits for the pause to clear)
             while self._pausing:
                 await asyncio.sleep(0.01)
         return Generation(ids, logprobs, finish, prompt_logprobs, versions)

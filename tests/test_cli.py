@@ -5,6 +5,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,7 @@ def test_progress_in_a_log_file_is_periodic_lines(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     log = tmp_path / "stderr.txt"
     argv = ["rft", "--config", str(ROOT / "configs" / "toy-rl.yaml"), "--run-dir", str(tmp_path / "rft")]
+    t0 = time.monotonic()
     with log.open("w") as err:
         done = subprocess.run(
             [sys.executable, "-m", "jaxswe", *argv, "--set", "eval.after_stage=true"],
@@ -128,6 +130,7 @@ def test_progress_in_a_log_file_is_periodic_lines(tmp_path):
             stderr=err,
             timeout=300,
         )
+    timed = (time.monotonic() - t0) // 30  # lines a slow machine adds: one per 30 s at most
     text = log.read_text()
     assert done.returncode == 0 and "\r" not in text, text[-3000:]
     for name, unit, total in (
@@ -137,5 +140,6 @@ def test_progress_in_a_log_file_is_periodic_lines(tmp_path):
     ):
         pattern = rf"jaxswe {name} (\d+)/{total} {unit}, .*, [\d.e+-]+ s/{unit[:-1]}"
         counts = [int(m.group(1)) for m in re.finditer(pattern, text)]
-        assert counts and counts[-1] == total and counts == sorted(counts) and len(counts) <= 10, (name, text)
+        ok = counts and counts[-1] == total and counts == sorted(counts) and len(counts) <= 10 + timed
+        assert ok, (name, text)
     assert "jaxswe rft sft 1/1 steps, loss " in text

@@ -30,7 +30,9 @@ STAGES = ("warmstart", "rft", "rl", "eval")
 
 
 def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    )
 
 
 def _eval_report(stage_dir: Path) -> dict | None:
@@ -73,11 +75,18 @@ def stage_table(run_dir: Path) -> tuple[list[str], dict]:
         if rep is not None:
             reports[s] = rep
     tasks = sorted({t for r in reports.values() for t in r["per_task"]})
-    lines.append("stage      pass@1  (95%)          " + "  ".join(t.replace("builtin__", "")[:12].rjust(12) for t in tasks))
+    lines.append(
+        "stage      pass@1  (95%)          "
+        + "  ".join(t.replace("builtin__", "")[:12].rjust(12) for t in tasks)
+    )
     for s, r in reports.items():
         lo, hi = r["pass_at_1_ci95"]
         cells = "  ".join(
-            (f"{r['per_task'][t]['successes']}/{r['per_task'][t]['samples']}" if t in r["per_task"] else "-").rjust(12)
+            (
+                f"{r['per_task'][t]['successes']}/{r['per_task'][t]['samples']}"
+                if t in r["per_task"]
+                else "-"
+            ).rjust(12)
             for t in tasks
         )
         lines.append(f"{s:<9}  {r['pass_at_1']:.3f}  ({lo:.2f}-{hi:.2f})  {cells}")
@@ -92,7 +101,8 @@ def stage_table(run_dir: Path) -> tuple[list[str], dict]:
         )
         paired[f"{b}-{a}"] = {"over_tasks": p, "these_tasks": f}
         lines.append(
-            f"{b} - {a}: {p['diff']:+.3f}; over {p['num_tasks']} tasks {p['ci95'][0]:+.2f} to {p['ci95'][1]:+.2f}; "
+            f"{b} - {a}: {p['diff']:+.3f}; over {p['num_tasks']} tasks "
+            f"{p['ci95'][0]:+.2f} to {p['ci95'][1]:+.2f}; "
             f"on these tasks ({f['num_episodes']} episodes) {f['ci95'][0]:+.2f} to {f['ci95'][1]:+.2f}"
             f"{'  SIGNIFICANT' if f['significant'] else ''}"
         )
@@ -195,8 +205,10 @@ def kl_to_rft(run_dir: Path) -> tuple[list[str], dict]:
         ents.append(-lp["rl"][mask])
     d = np.concatenate(diffs) if diffs else np.zeros(0)
     kl = float(d.mean()) if d.size else 0.0
-    return [f"KL(RL || RFT) on {d.size} sampled tokens of RL's eval episodes: {kl:.4f} nats/token; "
-            f"RL surprisal {float(np.concatenate(ents).mean()) if ents else 0:.3f} nats/token"], {"kl_rl_rft": kl}
+    return [
+        f"KL(RL || RFT) on {d.size} sampled tokens of RL's eval episodes: {kl:.4f} nats/token; "
+        f"RL surprisal {float(np.concatenate(ents).mean()) if ents else 0:.3f} nats/token"
+    ], {"kl_rl_rft": kl}
 
 
 def main(argv: list[str] | None = None) -> None:

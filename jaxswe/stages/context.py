@@ -126,7 +126,9 @@ def heldout_tasks(cfg: RunConfig, train_tasks: list[Any] | None = None) -> list[
         train_tasks = check_inputs(cfg)[0]
     trained = sorted(set(cfg.eval.heldout) & {t.instance_id for t in train_tasks})
     if trained:
-        raise UserError(f"eval.heldout: {trained} are training tasks (task_subset); held-out means never trained on")
+        raise UserError(
+            f"eval.heldout: {trained} are training tasks (task_subset); held-out means never trained on"
+        )
     return [known[t] for t in cfg.eval.heldout]
 
 

@@ -145,7 +145,9 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, An
     out = {"stages": summaries, "paired": paired_comparisons(run_dir, cfg.stages)}
     if cfg.eval.heldout:
         out["paired_heldout"] = paired_comparisons(run_dir, cfg.stages, report="heldout_eval.json")
-    for held, p in [("", p) for p in out["paired"]] + [(" held-out", p) for p in out.get("paired_heldout", [])]:
+    for held, p in [("", p) for p in out["paired"]] + [
+        (" held-out", p) for p in out.get("paired_heldout", [])
+    ]:
         lo, hi = p["ci95"]
         flo, fhi = p["these_tasks"]["ci95"]
         print(

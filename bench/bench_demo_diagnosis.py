@@ -195,7 +195,10 @@ def kl_to_rft(run_dir: Path) -> tuple[list[str], dict]:
 
     cfg = load_config(run_dir / "rl" / "config.yaml", [])
     pols = {s: load_policy(run_dir / s, cfg) for s in ("rft", "rl")}
-    eps = _eval_episodes(run_dir / "rl")
+    eps, where = _eval_episodes(run_dir / "rl"), "RL's eval episodes"
+    if not eps:  # a stopped RL stage: its last iteration's episodes (sampled one version earlier)
+        last = sorted((run_dir / "rl" / "trajectories").glob("iter_*.jsonl"))[-1]
+        eps, where = _rows(last), f"{last.name} (a stopped stage: the policy one iteration earlier)"
     diffs, ents = [], []
     for ep in eps:
         ids = jnp.asarray([ep["input_ids"]])
@@ -206,7 +209,7 @@ def kl_to_rft(run_dir: Path) -> tuple[list[str], dict]:
     d = np.concatenate(diffs) if diffs else np.zeros(0)
     kl = float(d.mean()) if d.size else 0.0
     return [
-        f"KL(RL || RFT) on {d.size} sampled tokens of RL's eval episodes: {kl:.4f} nats/token; "
+        f"KL(RL || RFT) on {d.size} sampled tokens of {where}: {kl:.4f} nats/token; "
         f"RL surprisal {float(np.concatenate(ents).mean()) if ents else 0:.3f} nats/token"
     ], {"kl_rl_rft": kl}
 

@@ -17,7 +17,7 @@ def test_heldout_tasks_are_known_and_never_trained_on():
     tasks, eval_tasks = check_inputs(cfg)
     assert [t.instance_id for t in tasks] == [t.instance_id for t in eval_tasks] == ["builtin__stack-1"]
     assert [t.instance_id for t in heldout_tasks(cfg, tasks)] == ["builtin__lru-1"]
-    assert heldout_tasks(load_config(CONFIG, [])) == []  # the default: no held-out check
+    assert heldout_tasks(load_config(CONFIG, ["eval.heldout=[]"])) == []  # the default: no held-out check
     with pytest.raises(UserError, match="training tasks"):
         check_inputs(
             load_config(CONFIG, ["task_subset=[builtin__stack-1]", "eval.heldout=[builtin__stack-1]"])

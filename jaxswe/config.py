@@ -290,6 +290,11 @@ class EvalSection(Section):
     temperature: float = Field(1.0, ge=0)
     after_stage: bool = False  # also evaluate each training stage's final weights (its pass_at_1)
     max_tasks: int | None = Field(None, gt=0)  # first N eval tasks only
+    # held-out check: instance ids of env.eval_tasks that no stage trains on (never in task_subset);
+    # with after_stage, each training stage is also evaluated on them (heldout_eval.json) and the
+    # pipeline's summary.json compares the stages there too (paired_heldout)
+    heldout: list[str] = Field(default_factory=list)
+    heldout_samples: int | None = Field(None, gt=0)  # episodes per held-out task; default samples_per_task
 
 
 class RunConfig(Section):

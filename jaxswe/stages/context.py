@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class StageContext:
     task_ids: list[str]  # the tasks it trains on (RL: after rl.task_filter)
     eval_ids: list[str]
     make_env: EnvFactory
+    heldout_ids: list[str] = field(default_factory=list)  # eval.heldout: evaluated, never trained on
     backend: Backend | None = None
     trainer: Trainer | None = None
 
@@ -125,9 +126,30 @@ def check_inputs(cfg: RunConfig) -> tuple[list[Any], list[Any]]:
             raise UserError(f"task_subset: unknown instance ids {missing}")
         tasks = [t for t in tasks if t.instance_id in cfg.task_subset]
         eval_tasks = [t for t in eval_tasks if t.instance_id in cfg.task_subset]
+    heldout_tasks(cfg, tasks)  # checked here, before any stage starts
     if cfg.rollout.engine != "embedded":
         check_servers(cfg)
     return tasks, eval_tasks
+
+
+def heldout_tasks(cfg: RunConfig, train_tasks: list[Any] | None = None) -> list[Any]:
+    """The eval.heldout tasks (from env.eval_tasks, else env.tasks), checked: known ids, none of
+    them a task the stages train on."""
+    if not cfg.eval.heldout:
+        return []
+    pool = load_pool(cfg.env.eval_tasks or cfg.env.tasks)
+    known = {t.instance_id: t for t in pool}
+    missing = [t for t in cfg.eval.heldout if t not in known]
+    if missing:
+        raise UserError(f"eval.heldout: unknown instance ids {missing}")
+    if train_tasks is None:
+        train_tasks = check_inputs(cfg)[0]
+    trained = sorted(set(cfg.eval.heldout) & {t.instance_id for t in train_tasks})
+    if trained:
+        raise UserError(
+            f"eval.heldout: {trained} are training tasks (task_subset); held-out means never trained on"
+        )
+    return [known[t] for t in cfg.eval.heldout]
 
 
 def open_stage(
@@ -135,6 +157,7 @@ def open_stage(
 ) -> StageContext:
     """Check inputs, resolve the starting policy and write config.yaml + model.json."""
     tasks, eval_tasks = check_inputs(cfg)
+    heldout = heldout_tasks(cfg, tasks)
     if policy is None and is_toy(cfg) and not (init_from or cfg.init_from or cfg.model.path):
         policy = toy_policy(cfg, stage_dir)  # random init over the toy tokenizer it writes
     policy = policy or resolve_policy(cfg, init_from)
@@ -142,7 +165,7 @@ def open_stage(
     prepare_stage_dir(stage_dir, cfg)
     write_model_file(stage_dir, policy)
     start_sandboxes(cfg)
-    by_id = {t.instance_id: t for t in [*tasks, *eval_tasks]}
+    by_id = {t.instance_id: t for t in [*tasks, *eval_tasks, *heldout]}
     eval_ids = [t.instance_id for t in eval_tasks][: cfg.eval.max_tasks]
     return StageContext(
         cfg=cfg,
@@ -152,6 +175,7 @@ def open_stage(
         task_ids=[t.instance_id for t in tasks],
         eval_ids=eval_ids,
         make_env=env_factory(cfg, list(by_id.values())),
+        heldout_ids=[t.instance_id for t in heldout],
     )
 
 
@@ -179,6 +203,11 @@ def finish_stage(ctx: StageContext, summary: dict[str, Any], params: Any | None 
         report = run_eval_stage(ctx, name="final_eval")
         summary["pass_at_1"] = report["pass_at_1"]
         summary["pass_at_1_ci95"] = report["pass_at_1_ci95"]
+        if ctx.heldout_ids:
+            samples = ctx.cfg.eval.heldout_samples or ctx.cfg.eval.samples_per_task
+            held = run_eval_stage(ctx, name="heldout_eval", ids=ctx.heldout_ids, samples=samples)
+            summary["heldout_pass_at_1"] = held["pass_at_1"]
+            summary["heldout_pass_at_1_ci95"] = held["pass_at_1_ci95"]
     metrics = ctx.stage_dir / "metrics.jsonl"
     if is_main() and metrics.exists() and summary.get("name") != "eval":  # eval plots its bars itself
         plot_metrics(

@@ -33,13 +33,14 @@ def report_from_episodes(episodes: list[Trajectory], ks: list[int]) -> dict[str,
 
 
 async def evaluate(
-    ctx: StageContext, samples: int, name: str = "eval"
+    ctx: StageContext, samples: int, name: str = "eval", task_ids: list[str] | None = None
 ) -> tuple[dict[str, Any], list[Trajectory]]:
-    """`samples` episodes per eval task on the stage's backend, seeded by (run seed, `name`):
-    every stage's `final_eval` uses the same seeds, so stage-vs-stage comparisons share their
-    random numbers; the eval stage draws its own."""
+    """`samples` episodes per eval task (`task_ids`, default `ctx.eval_ids`) on the stage's
+    backend, seeded by (run seed, `name`): every stage's `final_eval` (and `heldout_eval`) uses
+    the same seeds, so stage-vs-stage comparisons share their random numbers; the eval stage
+    draws its own."""
     cfg = ctx.cfg
-    ids = [t for t in ctx.eval_ids for _ in range(samples)]
+    ids = [t for t in (ctx.eval_ids if task_ids is None else task_ids) for _ in range(samples)]
     progress = Progress(name, len(ids), unit="episode", enabled=is_main())
     resolved = 0
 
@@ -68,12 +69,14 @@ async def evaluate(
     return report, episodes
 
 
-def run_eval_stage(ctx: StageContext, *, samples: int | None = None, name: str = "eval") -> dict[str, Any]:
-    """Evaluate the policy `ctx.backend` serves on `ctx.eval_ids`; write eval.json,
-    trajectories, a metrics row and a plot; return the report."""
+def run_eval_stage(
+    ctx: StageContext, *, samples: int | None = None, name: str = "eval", ids: list[str] | None = None
+) -> dict[str, Any]:
+    """Evaluate the policy `ctx.backend` serves on `ids` (default `ctx.eval_ids`); write
+    <name>.json, trajectories, a metrics row and a plot; return the report."""
     cfg, stage_dir = ctx.cfg, ctx.stage_dir
     samples = samples or cfg.eval.samples_per_task
-    report, episodes = run_phase(ctx.backend, evaluate(ctx, samples, name))
+    report, episodes = run_phase(ctx.backend, evaluate(ctx, samples, name, ids))
     save_jsonl(stage_dir / "trajectories" / f"{name}.jsonl", episodes)
     write_json(stage_dir / f"{name}.json", report)
     where = stage_dir / name if name != "eval" else stage_dir

@@ -143,11 +143,15 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, An
         if name != "eval":
             previous = str(stage_dir)
     out = {"stages": summaries, "paired": paired_comparisons(run_dir, cfg.stages)}
-    for p in out["paired"]:
+    if cfg.eval.heldout:
+        out["paired_heldout"] = paired_comparisons(run_dir, cfg.stages, report="heldout_eval.json")
+    for held, p in [("", p) for p in out["paired"]] + [
+        (" held-out", p) for p in out.get("paired_heldout", [])
+    ]:
         lo, hi = p["ci95"]
         flo, fhi = p["these_tasks"]["ci95"]
         print(
-            f"jaxswe: {p['after']} - {p['before']} pass@1: {p['diff']:+.3f} (95% interval {lo:+.3f} to "
+            f"jaxswe: {p['after']} - {p['before']}{held} pass@1: {p['diff']:+.3f} (95% interval {lo:+.3f} to "
             f"{hi:+.3f} paired over {p['num_tasks']} tasks; {flo:+.3f} to {fhi:+.3f} on these tasks "
             f"over {p['these_tasks']['num_episodes']} episodes)",
             file=sys.stderr,
@@ -156,15 +160,18 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, An
     return out
 
 
-def paired_comparisons(run_dir: Path, stages: list[str]) -> list[dict[str, Any]]:
+def paired_comparisons(
+    run_dir: Path, stages: list[str], report: str = "final_eval.json"
+) -> list[dict[str, Any]]:
     """Each evaluated training stage against the previous one (the eval.after_stage evaluations,
-    final_eval.json): paired over the tasks (tasks as the unit: would it hold on other tasks like
-    these?) and, under `these_tasks`, on exactly these tasks (episodes as the unit)."""
+    `report`: final_eval.json, or heldout_eval.json for the eval.heldout tasks): paired over the
+    tasks (tasks as the unit: would it hold on other tasks like these?) and, under `these_tasks`,
+    on exactly these tasks (episodes as the unit)."""
     per_task = {}
     for name in stages:
-        report = run_dir / name / "final_eval.json"
-        if name != "eval" and report.is_file():
-            per_task[name] = read_json(report)["per_task"]
+        path = run_dir / name / report
+        if name != "eval" and path.is_file():
+            per_task[name] = read_json(path)["per_task"]
     rates = {n: {t: r["rate"] for t, r in v.items()} for n, v in per_task.items()}
     counts = {n: {t: (r["successes"], r["samples"]) for t, r in v.items()} for n, v in per_task.items()}
     names = list(per_task)

@@ -1,0 +1,44 @@
+"""eval.heldout: tasks no stage trains on, checked at start and compared stage against stage."""
+
+import json
+
+import pytest
+
+from jaxswe.config import load_config
+from jaxswe.errors import UserError
+from jaxswe.stages.context import check_inputs, heldout_tasks
+from jaxswe.stages.stages import paired_comparisons
+
+CONFIG = "configs/demo-cpu.yaml"
+
+
+def test_heldout_tasks_are_known_and_never_trained_on():
+    cfg = load_config(CONFIG, ["task_subset=[builtin__stack-1]", "eval.heldout=[builtin__lru-1]"])
+    tasks, eval_tasks = check_inputs(cfg)
+    assert [t.instance_id for t in tasks] == [t.instance_id for t in eval_tasks] == ["builtin__stack-1"]
+    assert [t.instance_id for t in heldout_tasks(cfg, tasks)] == ["builtin__lru-1"]
+    assert heldout_tasks(load_config(CONFIG, ["eval.heldout=[]"])) == []  # the default: no held-out check
+    with pytest.raises(UserError, match="training tasks"):
+        check_inputs(
+            load_config(CONFIG, ["task_subset=[builtin__stack-1]", "eval.heldout=[builtin__stack-1]"])
+        )
+    with pytest.raises(UserError, match="unknown instance ids"):
+        check_inputs(load_config(CONFIG, ["eval.heldout=[builtin__nope-1]"]))
+
+
+def test_paired_comparisons_read_the_named_report(tmp_path):
+    def report(stage, name, successes):
+        (tmp_path / stage).mkdir(exist_ok=True)
+        per_task = {t: {"samples": 8, "successes": c, "rate": c / 8} for t, c in successes.items()}
+        (tmp_path / stage / name).write_text(json.dumps({"per_task": per_task}))
+
+    report("rft", "final_eval.json", {"a": 2, "b": 3})
+    report("rl", "final_eval.json", {"a": 6, "b": 7})
+    report("rft", "heldout_eval.json", {"h": 1})
+    report("rl", "heldout_eval.json", {"h": 1})
+    stages = ["rft", "rl", "eval"]
+    (train,) = paired_comparisons(tmp_path, stages)
+    (held,) = paired_comparisons(tmp_path, stages, report="heldout_eval.json")
+    assert (train["before"], train["after"], train["num_tasks"]) == ("rft", "rl", 2)
+    assert train["diff"] == pytest.approx(0.5) and train["these_tasks"]["significant"]
+    assert (held["num_tasks"], held["diff"]) == (1, 0.0) and not held["these_tasks"]["significant"]

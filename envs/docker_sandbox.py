@@ -59,7 +59,15 @@ from envs.sandbox import (
     start_time,
     unrunnable,
 )
-from envs.shell import DockerTransport, Shell, ShellDied, ShellRefused, runner_argv
+from envs.shell import (
+    DockerTransport,
+    Shell,
+    ShellDied,
+    ShellRefused,
+    command_request,
+    exec_result,
+    runner_argv,
+)
 
 LABEL = "jaxswe.sandbox"
 BUILD_LABEL = "jaxswe.build"
@@ -306,26 +314,14 @@ class DockerSandbox:
         """Run `script` through the container's persistent shell; None when it cannot (the caller
         makes one `docker exec` for it: no python3 in the image, switched off, or another thread's
         command is running in it)."""
-        argv, files = ["bash", "-c", script], None
-        if len(script.encode()) > ARG_LIMIT:  # too long for one argument: through a file
-            path = f"/tmp/.jaxswe-command-{uuid.uuid4().hex}.sh"
-            argv, files = ["bash", "-c", 'script=$1; shift; . "$script"', "bash", path], {path: script}
+        argv, files = command_request(script, f"/tmp/.jaxswe-command-{uuid.uuid4().hex}.sh")
         half = self.output_limit // 2
         got = self._through_shell(argv, marker_value, limit, head=half, tail=half, files=files)
         if got is None:
             return None
-        reply, died = got
-        if reply is None and died is None:
+        if got == (None, None):
             return self._dead_result()
-        if died is not None:  # it died under the command
-            why = "timed out and was killed" if died.timed_out else "died"
-            return ExecResult(
-                f"[the sandbox's shell {why} during this command ({died}); its output is lost; "
-                "what it started was killed and a new shell runs the next command]\n",
-                TIMEOUT_EXIT_CODE if died.timed_out else DEAD_EXIT_CODE, died.timed_out,
-            )  # fmt: skip
-        code = TIMEOUT_EXIT_CODE if reply.timed_out else reply.code
-        return ExecResult(reply.buffer(self.output_limit).text(), code, reply.timed_out)
+        return exec_result(*got, self.output_limit, DEAD_EXIT_CODE)
 
     def _through_shell(self, argv: list[str], marker_value: str, limit: float, **kw):
         """(reply, None) from the shell; (None, ShellDied) when it died under the request (what the

@@ -72,7 +72,15 @@ from envs.sandbox import (
     resolve_timeout,
     unrunnable,
 )
-from envs.shell import PipeTransport, Shell, ShellDied, ShellRefused, runner_argv
+from envs.shell import (
+    PipeTransport,
+    Shell,
+    ShellDied,
+    ShellRefused,
+    command_request,
+    exec_result,
+    runner_argv,
+)
 
 _DRAIN_S = 0.05  # after the shell exits, how long to keep reading output its children still write
 UID_RANGE = range(200_000, 260_000)  # each bwrap sandbox's own unprivileged uid (and gid), as root
@@ -453,26 +461,10 @@ class LocalSandbox:
     # -- the persistent shell (envs.shell) ---------------------------------------------------------
     def _shell_exec(self, command: str, limit: float, n: int) -> ExecResult | None:
         """Run `command` through the persistent shell; None when it cannot (the caller spawns)."""
-        argv, files = ["bash", "-c", command], None
-        if len(command.encode()) > ARG_LIMIT:  # too long for one argument: through a file
-            script = f"/tmp/.jaxswe-command-{n}.sh"
-            argv, files = ["bash", "-c", 'script=$1; shift; . "$script"', "bash", script], {script: command}
+        argv, files = command_request(command, f"/tmp/.jaxswe-command-{n}.sh")
         half = self.output_limit // 2
         got = self._through_shell(argv, n, limit, head=half, tail=half, files=files)
-        if got is None:
-            return None
-        reply, died = got
-        if died is not None:
-            why = "timed out and was killed" if died.timed_out else "died"
-            return ExecResult(
-                f"[the sandbox's shell {why} during this command ({died}); its output is lost; "
-                "everything it started was killed and a new shell runs the next command]\n",
-                TIMEOUT_EXIT_CODE if died.timed_out else 137, died.timed_out,
-            )  # fmt: skip
-        code = TIMEOUT_EXIT_CODE if reply.timed_out else reply.code
-        return ExecResult(
-            output=reply.buffer(self.output_limit).text(), exit_code=code, timed_out=reply.timed_out
-        )
+        return None if got is None else exec_result(*got, self.output_limit, 137)
 
     def _through_shell(self, argv: list[str], n: int, limit: float, **kw):
         """(reply, None) from the shell, (None, ShellDied) when it died under the request, or None

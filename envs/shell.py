@@ -23,7 +23,7 @@ import struct
 import time
 from pathlib import Path
 
-from envs.sandbox import OutputBuffer
+from envs.sandbox import ARG_LIMIT, TIMEOUT_EXIT_CODE, ExecResult, OutputBuffer
 
 RUNNER_SOURCE = Path(__file__).with_name("shell_runner.py").read_text()
 _SOURCE = RUNNER_SOURCE.encode()
@@ -38,6 +38,28 @@ BOOT = (
 def runner_argv(python: str, mode: str) -> list[str]:
     """The command line that starts a runner (`mode`: "ns" or "marker", see envs/shell_runner.py)."""
     return [python, "-I", "-S", "-c", BOOT, str(len(_SOURCE)), mode]
+
+
+def command_request(command: str, script_path: str) -> tuple[list[str], dict[str, str] | None]:
+    """(argv, files) that run `command` with `bash -c`; a command longer than ARG_LIMIT goes
+    through a file at `script_path` (written by the runner before it runs argv)."""
+    if len(command.encode()) <= ARG_LIMIT:
+        return ["bash", "-c", command], None
+    return ["bash", "-c", 'script=$1; shift; . "$script"', "bash", script_path], {script_path: command}
+
+
+def exec_result(reply: Reply | None, died: ShellDied | None, output_limit: int, died_code: int) -> ExecResult:
+    """The ExecResult of a shell request: the reply's, or, when the shell died under the command,
+    a note saying so (exit `died_code`, or the timeout code when it was killed at its timeout)."""
+    if died is not None:
+        why = "timed out and was killed" if died.timed_out else "died"
+        return ExecResult(
+            f"[the sandbox's shell {why} during this command ({died}); its output is lost; "
+            "what it started was killed and a new shell runs the next command]\n",
+            TIMEOUT_EXIT_CODE if died.timed_out else died_code, died.timed_out,
+        )  # fmt: skip
+    code = TIMEOUT_EXIT_CODE if reply.timed_out else reply.code
+    return ExecResult(reply.buffer(output_limit).text(), code, reply.timed_out)
 
 
 START_TIMEOUT_S = 20.0

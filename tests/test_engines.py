@@ -7,18 +7,15 @@ The second engine is this test's own: `.ci/docker.sh start` with a private direc
 reachable (outside CI) or where dockerd is not installed, with the reason."""
 
 import asyncio
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from second_engine import docker_sh, second_engine
 
-from envs import BASE_IMAGE, load_tasks, open_sandbox
 from envs import engines as engines_module
+from envs import load_tasks, open_sandbox
 from envs.engines import Engine, EnginePool, EngineSpec, parse_specs
 from envs.errors import EngineError, SandboxError
 
@@ -154,46 +151,7 @@ def test_a_run_refuses_a_pool_where_no_engine_answers(tmp_path, capsys):
 
 
 # -- two real engines ----------------------------------------------------------------------------
-
-
-def _docker_sh(action: str, directory: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "JAXSWE_CI_DOCKER_DIR": directory, "JAXSWE_CI_DOCKER_BASE": "0"}
-    return subprocess.run(
-        ["bash", str(ROOT / ".ci/docker.sh"), action], env=env, capture_output=True, text=True
-    )
-
-
-@pytest.fixture(scope="module")
-def engines():
-    """(URL of the CI engine, URL of a second engine this fixture starts, its directory)."""
-    from envs.docker_sandbox import engine_available
-
-    if not engine_available():
-        if os.environ.get("CI"):
-            pytest.fail("CI is set but no Docker engine is reachable (DOCKER_HOST)")
-        pytest.skip("no Docker engine reachable")
-    import docker
-
-    try:
-        docker.from_env().images.get(BASE_IMAGE)
-    except docker.errors.ImageNotFound:
-        missing = f"base image {BASE_IMAGE} not built; run `python -m envs base`"
-    else:
-        missing = None
-    if missing is None and (shutil.which("dockerd") is None or os.geteuid() != 0):
-        missing = "a second Docker engine needs dockerd installed and root (.ci/docker.sh start)"
-    if missing:  # CI has both (.ci/run): there a missing one is a failure, not a skip
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
-    directory = tempfile.mkdtemp(prefix="jaxswe-engine2-", dir="/tmp")
-    started = _docker_sh("start", directory)
-    if started.returncode != 0:
-        pytest.fail(f"cannot start a second dockerd: {started.stderr[-1000:]}")
-    try:
-        yield os.environ.get("DOCKER_HOST", "default"), f"unix://{directory}/docker.sock", directory
-    finally:
-        _docker_sh("stop", directory)
-        # its data (the base image, task images: ~10^4 files) goes in the background, not in test time
-        subprocess.Popen(["nice", "rm", "-rf", directory], start_new_session=True)
+engines = second_engine  # the module's fixture: (CI engine URL, a second engine's URL, its directory)
 
 
 class _Killer:
@@ -208,7 +166,7 @@ class _Killer:
         from jaxswe.rollout.types import Generation
 
         if self.turn == self.kill_at:
-            assert _docker_sh("stop", self.directory).returncode == 0
+            assert docker_sh("stop", self.directory).returncode == 0
         reply = self.replies[self.turn]
         self.turn += 1
         ids = self.tok.encode(reply, add_special_tokens=False) + [self.eot]
@@ -266,7 +224,7 @@ def test_two_engines_spread_failover_and_rejoin(engines, monkeypatch):
         assert later[0].exec("echo still").output == "still\n"
 
         # the engine comes back: it rejoins at the next health check and takes the next sandbox
-        assert _docker_sh("start", directory).returncode == 0
+        assert docker_sh("start", directory).returncode == 0
         deadline = time.monotonic() + 20
         while not pool.load()["second"][2] and time.monotonic() < deadline:
             time.sleep(0.2)

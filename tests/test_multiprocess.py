@@ -1,8 +1,8 @@
 """Multi-process JAX runs (2 processes x 4 CPU devices, gloo collectives) against one process of
 8 devices: a kill -9 of one process mid-iteration, survived by a restart of both with --resume,
 ends with the same rows and params as the uninterrupted single process; per-process save_hf
-shards; async RL over HTTP on 2 processes (the user's multi-host path, and the one run of async RL
-over HTTP)."""
+shards. Async RL over HTTP on 2 processes, behind a router, with a worker and an engine killed:
+tests/test_cluster.py."""
 
 import json
 import os
@@ -11,15 +11,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-import yaml
 
-from jaxswe.agent.trajectory import load_jsonl
 from jaxswe.config import load_config
 from jaxswe.policy import load_policy
 from jaxswe.run.metrics import read_rows
@@ -215,82 +212,3 @@ def _written(log: Path, run_dir: Path) -> list[Path]:
     """The files under run_dir that one process opened for writing (mp_audit_child.py's log)."""
     paths = [Path(line) for line in log.read_text().split()]
     return [p.relative_to(run_dir) for p in paths if p.is_relative_to(run_dir)]
-
-
-def _serve(model: Path, port: int, log: Path) -> subprocess.Popen:
-    """`jaxswe serve` of `model` on one CPU device, up and healthy (its output in `log`)."""
-    cmd = [sys.executable, "-m", "jaxswe", "serve", "--model", str(model), "--port", str(port)]
-    server = _spawn([*cmd, "--max-context", "128", "--max-batch", "1"], 1, log.parent / "serve_xla", log)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        assert server.poll() is None, log.read_text()[-3000:]
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return server
-        except OSError:
-            time.sleep(0.5)
-    server.kill()
-    raise TimeoutError(f"jaxswe serve on port {port}")
-
-
-@pytest.mark.timeout(900)
-def test_async_rl_over_http_on_two_processes(tmp_path):
-    """The multi-host user path at toy size: `jaxswe rl` with rl.max_staleness 1 on 2 x 4 devices
-    against `jaxswe serve`. Process 0's rollout pump feeds both processes (every training batch is
-    checked to be the same on both: a difference stops the run); at every sync both processes
-    write their shards of the weights and process 0 alone pauses (requests in flight return their
-    tokens so far and go on under the new weights), loads and continues the server, which ends
-    on the last version; every sampled token has its version; the trained tokens are at most one
-    version old and some are one old; process 1 writes nothing but its checkpoint and weight
-    shards (which process writes which weight file:
-    test_save_hf_from_two_processes_loads_in_transformers). The compile cache is off for several
-    CPU processes (a cached executable hangs in its first gloo collective)."""
-    from test_rl_async_http import ITERATIONS, _starting_model, _toy_http_config
-
-    port = _port()
-    cfg = _toy_http_config(f"http://127.0.0.1:{port}")
-    cfg["eval"] = {"after_stage": False}
-    _starting_model(cfg, tmp_path)
-    (tmp_path / "rl.yaml").write_text(yaml.safe_dump(cfg))
-    server = _serve(tmp_path / "model", port, tmp_path / "serve.txt")
-    run = tmp_path / "run"
-    stage = run / "rl"  # RUN_DIR/<stage>
-    try:
-        args = ["rl", "--config", str(tmp_path / "rl.yaml"), "--run-dir", str(run)]
-        outs = _wait(_audited(args, run, 2, tmp_path / "xla"), timeout=800)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_weight_version", timeout=10) as r:
-            served = json.loads(r.read())["weight_version"]
-    finally:
-        server.kill()
-        server.wait()
-    log = (tmp_path / "serve.txt").read_text()
-    assert served == str(ITERATIONS), log[-2000:]  # the last sync is the last iteration's policy
-    # every sync (version 0 at the start, then one per iteration) paused the server, loaded, and
-    # continued it (whether a pause finds requests in flight depends on timing: a paused request's
-    # tokens and versions are tests/test_serve_control.py's)
-    pauses = [line for line in log.splitlines() if "pause_generation(abort)" in line]
-    updates = [line for line in log.splitlines() if "update_weights_from_disk(" in line]
-    assert len(pauses) == len(updates) == log.count("continue_generation") == ITERATIONS + 1, log[-3000:]
-    assert updates[-1].endswith(f"serving weight_version {ITERATIONS}"), log[-3000:]
-    assert "no XLA compile cache with several CPU processes" in outs[0]
-    rows = read_rows(stage / "metrics.jsonl")
-    assert [r["step"] for r in rows] == list(range(1, ITERATIONS + 1))
-    assert all(r["staleness_max"] <= 1 and r["infra_failures"] == 0 for r in rows)
-    assert any(r["staleness_frac_1"] > 0 for r in rows)  # some trained tokens are one version old
-    assert sum(r["optimizer_steps"] for r in rows) > 0
-    # sampled versions only grow within an episode; a kept group's tokens more than k = 1 behind
-    # are left out (whether an episode spans a sync here depends on timing: episodes across a
-    # weight update, token by token, are test_rl_async.py's and test_serve_control.py's)
-    for step in range(1, ITERATIONS + 1):
-        for ep in load_jsonl(stage / "trajectories" / f"iter_{step:04d}.jsonl"):
-            sampled = [v for v, m in zip(ep.policy_versions, ep.loss_mask, strict=True) if m]
-            assert all(v >= 0 for v in sampled) and sorted(sampled) == sampled
-            assert all(step - 1 - v >= 0 for v in sampled), (step, sampled)
-            if ep.stage["group_kept"] and any(step - 1 - v > 1 for v in sampled):
-                assert rows[step - 1]["staleness_masked_frac"] > 0, (step, sampled)
-    wrote = _written(tmp_path / "logs_2" / "written_1.txt", stage)  # Python's writes: not safetensors'
-    assert wrote and all(p.parts[0] == "checkpoints" for p in wrote), wrote
-    main_wrote = {p.parts[0] for p in _written(tmp_path / "logs_2" / "written_0.txt", stage)}
-    assert {"metrics.jsonl", "trajectories", "plots", "summary.json", "tokenizer"} <= main_wrote, main_wrote
-    shards = sorted(p.name for p in (stage / "weights").glob("*.safetensors"))  # one a process
-    assert shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"], shards

@@ -1,48 +1,19 @@
-"""Async RL (rl.max_staleness = 1) over the HTTP backend: the toy config for it (the run itself is
-tests/test_multiprocess.py::test_async_rl_over_http_on_two_processes, `jaxswe rl` on 2 processes
-against `jaxswe serve`), and the handover's ordering over several workers (all paused before any
-loads, all continued after all loaded, or after a failure)."""
+"""Async RL (rl.max_staleness = 1) over the HTTP backend: the handover's ordering over several
+workers (all paused before any loads, all continued after all loaded, or after a failure). The run
+itself, `jaxswe rl` on 2 processes against `jaxswe serve` workers behind a router, is
+tests/test_cluster.py."""
 
 import asyncio
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 from aiohttp import web
 from test_rl_mined import _free_port
 
-from jaxswe.config import config_from_dict
 from jaxswe.rollout.client import RolloutClient, RolloutError
 
 ROOT = Path(__file__).parent.parent
-ITERATIONS = 4
-
-
-def _toy_http_config(url: str) -> dict:
-    cfg = yaml.safe_load((ROOT / "configs" / "toy-rl.yaml").read_text())
-    cfg["rollout"] = {**cfg["rollout"], "engine": "http", "urls": [url], "export_dtype": "float32"}
-    cfg["env"]["max_parallel"] = 16
-    cfg["agent"]["max_turns"] = 8  # longer episodes than the trainer's step: they span its syncs
-    cfg["rl"].update(
-        iterations=ITERATIONS,
-        max_staleness=1,
-        problems_per_iteration=4,
-        group_size=4,
-        trajectories_per_step=16,
-        rows_per_step=16,
-    )
-    return cfg
-
-
-def _starting_model(cfg: dict, out: Path) -> None:
-    """A Hugging Face dir of the toy policy's architecture for the server to start from (the run
-    pushes its own starting weights as version 0 before the first episode)."""
-    from jaxswe.model.hf_io import save_hf
-    from jaxswe.stages.toy import toy_policy
-
-    policy = toy_policy(config_from_dict(cfg), out / "stage")
-    save_hf(out / "model", policy.model_cfg, policy.params, dtype="float32")
 
 
 async def _recording_workers(n: int, *, slow_pause: float, failing: int | None):

@@ -159,7 +159,7 @@ def test_worker_dies_behind_the_real_router_and_rejoins_at_the_current_version(c
         router = subprocess.Popen(
             [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
              str(router_port), "--worker-urls", *urls, "--policy", "round_robin", "--log-level", "warn",
-             "--health-check-interval-secs", "1"],
+             "--health-check-interval-secs", "1", "--prometheus-port", str(_free_port())],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         router_url = f"http://127.0.0.1:{router_port}"

@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxswe.agent.trajectory import Trajectory, save_jsonl
 from jaxswe.config import RunConfig
-from jaxswe.distributed import is_main
+from jaxswe.distributed import broadcast, is_main
 from jaxswe.errors import UserError
 from jaxswe.losses import LossSettings
 from jaxswe.policy import Policy
@@ -47,7 +47,14 @@ def rl_trainer(cfg: RunConfig, policy: Policy) -> Trainer:
     """The Trainer of an RL stage from its starting policy (whose params it takes over: one copy),
     with the config's loss settings."""
     loss = LossSettings.from_rl(cfg.rl)
-    return Trainer(policy.model_cfg, policy.hand_over(), cfg.optimizer, loss=loss, mesh_cfg=cfg.mesh)
+    trainer = Trainer(policy.model_cfg, policy.hand_over(), cfg.optimizer, loss=loss, mesh_cfg=cfg.mesh)
+    rows = cfg.rl.rows_per_step
+    if rows is not None and rows % trainer.rows_multiple:
+        raise UserError(
+            f"rl.rows_per_step ({rows}) must be a multiple of {trainer.rows_multiple}: the rows of a "
+            "step are split over the mesh's data x fsdp devices and optimizer.micro_batches"
+        )
+    return trainer
 
 
 def _episode_stats(episodes: list[Trajectory]) -> dict[str, float]:
@@ -158,6 +165,13 @@ def filter_tasks(ctx: StageContext, history_from: str | None) -> dict[str, int] 
 def iteration_line(step: int, iterations: int, row: dict[str, Any]) -> str:
     """One console line per iteration, from its metrics row."""
     stale = f", staleness max {row['staleness_max']}" if "staleness_max" in row else ""
+    down = [
+        f"{row.get(key, 0)} {what}"
+        for key, what in (("infra_failures", "infra failures"), ("rollout_workers_left_out", "workers left out"),
+                          ("sandbox_engines_down", "engines down"))
+        if row.get(key, 0)
+    ]  # fmt: skip
+    stale += "".join(f", {d}" for d in down)
     return (
         f"jaxswe rl {step}/{iterations}: pass rate {row['pass_rate']:.2f}, "
         f"reward {row['reward_mean']:+.2f}, kept groups {row['groups_kept']}/{row['groups_total']}, "
@@ -202,7 +216,7 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
 
     # one event loop for the whole stage: at k > 0 episodes stay in flight across iterations
     with asyncio.Runner() as runner:
-        pump = None
+        pump, drawn = None, {}
         try:
             if start > 0:
                 runner.run(backend.sync_weights(ctx.trainer.params, stage_dir / "weights", version=start))
@@ -217,7 +231,7 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
                     progress.update()
         finally:
             if pump is not None:
-                runner.run(pump.stop())
+                drawn = runner.run(pump.stop())
             runner.run(backend.release())
     metrics.close()
     ckpts.close()
@@ -228,6 +242,7 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
         "iterations": len(rows),
         "final_pass_rate": rows[-1]["pass_rate"] if rows else None,
         "checkpoint": str(ckpts.directory),
+        **broadcast(drawn),  # this run's: a resumed run counts from its resume
     }
     if counts is not None:
         summary["task_filter"] = counts

@@ -72,6 +72,17 @@ def judge(groups: list[list[Trajectory]], rewards: list[list[float]]) -> GroupRe
     return compute_group_advantages(rewards, [[e.infra_error is not None for e in g] for g in groups])
 
 
+def infra_health(ctx: StageContext) -> dict[str, int]:
+    """What is down now: rollout workers left out of weight updates (they do not answer) and
+    sandbox engines of the pool that do not answer (0 when there is no pool or no worker list)."""
+    stale = getattr(ctx.backend.engine, "stale", ())
+    from envs.engines import default_pool
+
+    pool = default_pool() if ctx.cfg.env.backend == "docker" else None
+    down = sum(not healthy for _, _, healthy in pool.load().values()) if pool is not None else 0
+    return {"rollout_workers_left_out": len(stale), "sandbox_engines_down": down}
+
+
 def first_kept(kept: list[bool], limit: int) -> list[bool]:
     """DAPO's dynamic sampling trains on at most `limit` informative groups (the first ones)."""
     first = set([i for i, k in enumerate(kept) if k][:limit])
@@ -173,6 +184,7 @@ class RolloutPump:
         self.capacity = rl.max_staleness * rl.problems_per_iteration  # groups sampled ahead
         self.outstanding = 0
         self.drawn = 0  # groups started so far: a group's draw index orders the finished ones
+        self.taken = 0  # groups handed to the trainer so far
         self.finished: dict[int, list[Trajectory]] = {}
         self.tasks: set[asyncio.Task] = set()
         self.changed = asyncio.Event()
@@ -222,6 +234,7 @@ class RolloutPump:
             self.changed.clear()
             await self.changed.wait()
         self.outstanding -= 1
+        self.taken += 1
         self._fill()
         index = min(self.finished)
         return index, self.finished.pop(index)
@@ -267,14 +280,19 @@ class RolloutPump:
             time_grading_s=sum(e.grading_s for g in groups for e in g),  # summed over parallel episodes
         )
         resampled = rounds - 1 if k == 0 else max(0, -(-len(groups) // want) - 1)
+        health = infra_health(self.ctx)
         if k == 0:
-            return Collected(groups, rewards, result, kept, resampled, timings), self.order
+            return Collected(groups, rewards, result, kept, resampled, timings, health), self.order
         stats = staleness_stats(groups, kept, version, k, rl.stale_tokens)
-        extra = {"groups_stale": len(fresh) - sum(fresh), **stats}
+        extra = {"groups_stale": len(fresh) - sum(fresh), **stats, **health}
         return Collected(groups, rewards, result, kept, resampled, timings, extra, version - k), self.order
 
-    async def stop(self) -> None:
-        """Cancel the outstanding episodes (a resumed run starts new ones)."""
+    async def stop(self) -> dict[str, int]:
+        """Cancel the outstanding episodes (a resumed run starts new ones); returns the episode
+        count of this pump: drawn, and drawn but never handed to the trainer (cancelled running,
+        or finished after the last take), so every episode drawn is accounted for."""
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        g = self.ctx.cfg.rl.group_size
+        return {"episodes_drawn": self.drawn * g, "episodes_not_taken": (self.drawn - self.taken) * g}

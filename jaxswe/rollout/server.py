@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 
 import jaxswe
 from jaxswe.errors import UserError
@@ -202,6 +204,29 @@ def build_app(engine: EmbeddedEngine) -> web.Application:
     return app
 
 
+class _GrpcProbeFilter(logging.Filter):
+    """sglang-router probes every worker over HTTP and gRPC at once; the gRPC probe's HTTP/2
+    preface ("PRI * HTTP/2.0") is a bad HTTP/1 request to aiohttp, which logs a traceback each time.
+    This prints one line instead (the HTTP probe answers, so the router registers the worker)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        if not (isinstance(err, BadHttpMessage) and "PRI" in str(err)):
+            return True
+        if not self.said:
+            self.said = True
+            print("jaxswe serve: answered an HTTP/2 preface (sglang-router's gRPC probe) with 400; "
+                  "not logged again", file=sys.stderr, flush=True)  # fmt: skip
+        return False
+
+
+_GRPC_PROBE = _GrpcProbeFilter()
+
+
 class RolloutServer:
     """Start/stop the app on the current event loop (tests and embedding in another program)."""
 
@@ -215,6 +240,7 @@ class RolloutServer:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> str:
+        logging.getLogger("aiohttp.server").addFilter(_GRPC_PROBE)
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)

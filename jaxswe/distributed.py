@@ -107,6 +107,19 @@ def broadcast(obj: T) -> T:
     return obj if is_main() else pickle.loads(out.tobytes())
 
 
+def allgather_objects(obj: T) -> list[T]:
+    """Every process's picklable `obj`, in process order, on every process (each pickled, padded
+    to the largest and all-gathered as bytes)."""
+    if jax.process_count() == 1:
+        return [obj]
+    data = np.frombuffer(pickle.dumps(obj), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.int64(data.size)))
+    buf = np.zeros(int(sizes.max()), np.uint8)
+    buf[: data.size] = data
+    every = np.asarray(multihost_utils.process_allgather(buf))
+    return [pickle.loads(every[i, : sizes[i]].tobytes()) for i in range(sizes.size)]
+
+
 class ProcessZeroError(RuntimeError):
     """What the other processes raise when process 0 failed in `on_main`."""
 

@@ -212,3 +212,21 @@ def _written(log: Path, run_dir: Path) -> list[Path]:
     """The files under run_dir that one process opened for writing (mp_audit_child.py's log)."""
     paths = [Path(line) for line in log.read_text().split()]
     return [p.relative_to(run_dir) for p in paths if p.is_relative_to(run_dir)]
+
+
+def test_two_processes_drive_a_share_of_each_round_each_and_judge_the_same_groups(tmp_path):
+    """k = 0 over servers every process reaches (`Backend.spread`): both processes run the pump,
+    each drives every other episode of each round with its own engine client, and the all-gathered
+    groups (resampling rounds included) are those one process judges driving them all."""
+    child = [sys.executable, str(HERE / "spread_child.py")]
+    port = _port()
+    procs = [_spawn([*child, str(tmp_path / f"p{i}.json"), f"localhost:{port}", "2", str(i)], 1,
+                    tmp_path / "xla", tmp_path / f"log_{i}.txt") for i in range(2)]  # fmt: skip
+    procs.append(_spawn([*child, str(tmp_path / "one.json")], 1, tmp_path / "xla", tmp_path / "log_one.txt"))
+    _wait(procs, timeout=300)
+    p0, p1, one = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("p0", "p1", "one"))
+    assert p0["spread"] and p1["spread"] and not one["spread"]
+    assert p0["groups"] == p1["groups"] == one["groups"]
+    assert any(len(take) > 3 for take in one["groups"])  # a resampling round ran too
+    assert p0["served"] and p1["served"] and not set(p0["served"]) & set(p1["served"])
+    assert sorted(p0["served"] + p1["served"]) == sorted(one["served"])

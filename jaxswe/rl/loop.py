@@ -165,12 +165,9 @@ def filter_tasks(ctx: StageContext, history_from: str | None) -> dict[str, int] 
 def iteration_line(step: int, iterations: int, row: dict[str, Any]) -> str:
     """One console line per iteration, from its metrics row."""
     stale = f", staleness max {row['staleness_max']}" if "staleness_max" in row else ""
-    down = [
-        f"{row.get(key, 0)} {what}"
-        for key, what in (("infra_failures", "infra failures"), ("rollout_workers_left_out", "workers left out"),
-                          ("sandbox_engines_down", "engines down"))
-        if row.get(key, 0)
-    ]  # fmt: skip
+    outages = (("infra_failures", "infra failures"), ("rollout_workers_left_out", "workers left out"),
+               ("sandbox_engines_down", "engines down"))  # fmt: skip
+    down = [f"{row[key]} {what}" for key, what in outages if row.get(key, 0)]
     stale += "".join(f", {d}" for d in down)
     return (
         f"jaxswe rl {step}/{iterations}: pass rate {row['pass_rate']:.2f}, "

@@ -19,8 +19,12 @@ groups done, the first drawn; else the next to finish; then in draw order, so th
 on timing only through which groups are done when it looks. A token more than k versions behind
 the trainer is stale; how stale tokens train is rl.stale_tokens (jaxswe.rl.train).
 
-With several JAX processes the pump runs on process 0, like every rollout (jaxswe.distributed),
-and `take` broadcasts the judged groups, so every process trains on the same batches.
+With several JAX processes and k = 0 over HTTP servers (`Backend.spread`), every process runs the
+pump: each round's episodes are spread over the processes (process p drives episodes p, p + n, ...
+with its own client and sandboxes) and all-gathered, so every process judges the same groups and
+trains on the same batches, and no one process drives them all. Otherwise (k > 0, or the embedded
+sampler on process 0) the pump runs on process 0, like every other rollout (jaxswe.distributed),
+and `take` broadcasts the judged groups.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxswe.agent.trajectory import Trajectory
@@ -189,6 +194,8 @@ class RolloutPump:
         self.tasks: set[asyncio.Task] = set()
         self.changed = asyncio.Event()
         self.error: BaseException | None = None
+        # k = 0 over servers every process reaches: every process runs the pump, driving its share
+        self.spread = rl.max_staleness == 0 and ctx.backend.spread and jax.process_count() > 1
 
     def _fill(self) -> None:
         while self.outstanding < self.capacity:
@@ -216,6 +223,7 @@ class RolloutPump:
                 cfg.agent,
                 concurrency=cfg.env.max_parallel,
                 every_process=False,  # `take` broadcasts the groups it hands the trainer
+                spread=self.spread,  # or every process runs `take`, each driving its share
                 seeds=[s for group in seeds for s in group],
             )
             for j in range(len(problems)):
@@ -242,10 +250,12 @@ class RolloutPump:
     async def take(self, step: int) -> tuple[Collected, DataOrder]:
         """The judged groups policy version step - 1 trains on, and the data order after them
         (ahead by the outstanding groups' problems), on every process."""
+        if self.spread:
+            return await self._take(step)
         return await on_main_async(lambda: self._take(step))
 
     async def _take(self, step: int) -> tuple[Collected, DataOrder]:
-        """`take` on process 0 (the others only receive its broadcast)."""
+        """`take` on process 0 (the others receive its broadcast), or on every process (`spread`)."""
         self._fill()  # the first take starts the k x P groups sampled ahead
         cfg, rl = self.ctx.cfg, self.ctx.cfg.rl
         version, k, want = step - 1, rl.max_staleness, rl.problems_per_iteration

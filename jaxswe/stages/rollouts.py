@@ -22,7 +22,7 @@ from envs.base import Environment
 from jaxswe.agent.loop import episode_seeds, run_episodes
 from jaxswe.agent.trajectory import Trajectory
 from jaxswe.config import AgentSection
-from jaxswe.distributed import barrier, broadcast, is_main, on_main_async, to_host
+from jaxswe.distributed import allgather_objects, barrier, broadcast, is_main, on_main_async, to_host
 from jaxswe.rollout.types import Engine, SamplingParams
 
 T = TypeVar("T")
@@ -37,6 +37,7 @@ class EnvFactory(Protocol):
 
 class Backend(Protocol):
     engine: Engine
+    spread: bool  # every process can drive episodes on `engine` (collect_episodes' `spread`)
 
     async def sync_weights(self, params: Any, export_dir: Path, *, version: int) -> None: ...
 
@@ -70,6 +71,8 @@ class EmbeddedBackend:
     """The in-process sampler (on process 0 only: `engine` is None elsewhere); new weights are
     swapped in memory (no disk round trip)."""
 
+    spread = False
+
     def __init__(self, engine: Any, model_cfg: Any):
         self.engine = engine
         self.model_cfg = model_cfg
@@ -100,6 +103,8 @@ class HttpBackend:
     meanwhile. Without it (the synchronous loop) nothing is in flight and the update is a plain
     `/update_weights_from_disk`.
     """
+
+    spread = True  # every process has a client of the same servers
 
     def __init__(
         self,
@@ -168,6 +173,7 @@ async def collect_episodes(
     concurrency: int = 8,
     on_done: Callable[[int, Trajectory], None] | None = None,
     every_process: bool = True,
+    spread: bool = False,
     seeds: list[int] | None = None,
 ) -> tuple[list[Trajectory], float]:
     """Run one episode per entry of `task_ids` (repeat an id for a group), all in flight at once.
@@ -178,17 +184,44 @@ async def collect_episodes(
     each one finishes (to stream them to disk). An environment that cannot even be built counts as
     an infrastructure failure of that episode. With several processes, process 0 runs them all and
     every process gets its episodes (see jaxswe.distributed); with `every_process` False only the
-    calling process (process 0: its engine) runs them and gets them, with no collective.
+    calling process (process 0: its engine) runs them and gets them, with no collective. With
+    `spread` (every process calls, each with its own engine client and sandboxes) process p drives
+    episodes p, p + n, p + 2n, ... and every process gets all of them (all-gathered); `on_done`
+    then sees the calling process's own. An episode's tokens follow its seed, not the process that
+    drives it, so the episodes are the same for any process count on an engine that honours seeds.
     """
     if seeds is None:
         seeds = episode_seeds(task_ids, sampling.sampling_seed)
     if len(seeds) != len(task_ids):
         raise ValueError(f"{len(seeds)} seeds for {len(task_ids)} episodes")
 
-    def run():
-        return _collect(task_ids, seeds, make_env, engine, tokenizer, sampling, agent, concurrency, on_done)
+    def run(ids=task_ids, own_seeds=seeds):
+        return _collect(ids, own_seeds, make_env, engine, tokenizer, sampling, agent, concurrency, on_done)
 
+    if spread and jax.process_count() > 1:
+        return await _collect_spread(task_ids, seeds, run)
     return await (on_main_async(run) if every_process else run())
+
+
+async def _collect_spread(task_ids, seeds, run) -> tuple[list[Trajectory], float]:
+    """collect_episodes' `spread`: this process's share, then every process's, all-gathered (a
+    process whose share failed fails the collection on every process, naming it)."""
+    start = time.perf_counter()
+    n, me = jax.process_count(), jax.process_index()
+    mine = range(me, len(task_ids), n)
+    try:
+        share = ("ok", (await run([task_ids[i] for i in mine], [seeds[i] for i in mine]))[0])
+    except Exception as err:
+        share = ("error", f"{type(err).__name__}: {err}")
+    shares = allgather_objects(share)
+    failed = [f"process {p}: {out}" for p, (status, out) in enumerate(shares) if status == "error"]
+    if failed:
+        raise RuntimeError("driving episodes failed on " + "; ".join(failed))
+    episodes: list[Any] = [None] * len(task_ids)
+    for p, (_, own) in enumerate(shares):
+        for i, episode in zip(range(p, len(task_ids), n), own, strict=True):
+            episodes[i] = episode
+    return episodes, time.perf_counter() - start
 
 
 async def _collect(task_ids, seeds, make_env, engine, tokenizer, sampling, agent, concurrency, on_done):

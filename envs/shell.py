@@ -227,7 +227,13 @@ class DockerTransport:
 
     def __init__(self, sock):
         self.sock = getattr(sock, "_sock", sock)
-        self.sock.setblocking(True)
+        # an ssh:// engine's socket is the docker SDK's stand-in over an `ssh ... dial-stdio` process:
+        # its bytes come from that process's stdout, a buffered pipe that may already hold some
+        self.pipe = getattr(getattr(self.sock, "proc", None), "stdout", None)
+        if self.pipe is not None:
+            os.set_blocking(self.pipe.fileno(), False)
+        else:
+            self.sock.setblocking(True)
         self.pending = bytearray()  # stdout bytes received but not yet returned
         self.frame_left, self.frame_stream = 0, 1
         self.header = bytearray()
@@ -235,12 +241,21 @@ class DockerTransport:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
+    def _read(self, deadline: float) -> bytes | None:
+        """The bytes that arrived (b"" at the end of the stream), or None if none by `deadline`."""
+        if self.pipe is not None and (data := self.pipe.read1(1 << 16)):
+            return data  # buffered, or ready in the pipe
+        wait = deadline - time.monotonic()
+        source = self.pipe.fileno() if self.pipe is not None else self.sock
+        if wait <= 0 or not select.select([source], [], [], wait)[0]:
+            return None
+        return (self.pipe.read1(1 << 16) or b"") if self.pipe is not None else self.sock.recv(1 << 16)
+
     def recv(self, n: int, deadline: float) -> bytes:
         while not self.pending:
-            wait = deadline - time.monotonic()
-            if wait <= 0 or not select.select([self.sock], [], [], wait)[0]:
+            data = self._read(deadline)
+            if data is None:
                 raise ShellDied("the runner did not answer in time", timed_out=True)
-            data = self.sock.recv(1 << 16)
             if not data:
                 return b""
             self._demux(data)

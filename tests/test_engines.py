@@ -239,6 +239,89 @@ def test_two_engines_spread_failover_and_rejoin(engines, monkeypatch):
         pool.close()
 
 
+@pytest.fixture
+def ssh_engine(tmp_path, monkeypatch):
+    """The CI engine over ssh://: an sshd of this test's own on a local port whose key may only run
+    `docker system dial-stdio` against that engine, and an `ssh` on PATH that uses this test's key
+    and config (the docker SDK runs the system's ssh, as for a real remote host)."""
+    import os
+    import shutil
+    import subprocess
+
+    from envs.docker_sandbox import engine_available
+
+    missing = None if engine_available() else "no Docker engine reachable"
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    if missing is None and not (Path(sshd).is_file() and shutil.which("ssh") and os.geteuid() == 0):
+        missing = "an ssh:// engine needs openssh-server, the ssh client and root (.ci/run installs them)"
+    if missing:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
+    for key in ("host", "user"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / key)], check=True)
+    engine = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    (tmp_path / "authorized_keys").write_text(
+        f'command="docker -H {engine} system dial-stdio",restrict {(tmp_path / "user.pub").read_text()}'
+    )
+    port = _free_port()
+    (tmp_path / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp_path / 'host'}\n"
+        f"PidFile {tmp_path / 'sshd.pid'}\n"
+        f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}\nPasswordAuthentication no\nUsePAM no\n"
+        "StrictModes no\nPermitRootLogin prohibit-password\n"
+    )
+    (tmp_path / "ssh_config").write_text(
+        f"Host 127.0.0.1\n  IdentityFile {tmp_path / 'user'}\n  IdentitiesOnly yes\n  BatchMode yes\n"
+        "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+    )
+    (tmp_path / "bin").mkdir()
+    wrapper = tmp_path / "bin" / "ssh"
+    wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {tmp_path / "ssh_config"} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+    server = subprocess.Popen([sshd, "-D", "-e", "-f", str(tmp_path / "sshd_config")],
+                              stderr=(tmp_path / "sshd.log").open("w"))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while subprocess.run(
+            ["ssh", "-p", str(port), "root@127.0.0.1", "true"], capture_output=True
+        ).returncode:
+            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "sshd.log").read_text()
+            time.sleep(0.2)
+        yield f"ssh://root@127.0.0.1:{port}"
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.docker
+def test_an_ssh_engine_holds_sandboxes_and_persistent_shells(ssh_engine):
+    """`env.docker_hosts` with an ssh:// URL: the pool pings the engine through ssh, places a
+    sandbox there, runs commands in its persistent shell (a long-lived exec over the ssh pipe) and
+    removes it."""
+    task = load_tasks(DATA)[0]
+    pool = EnginePool(
+        [EngineSpec(ssh_engine, capacity=2, name="over-ssh")], health_interval_s=60, dead_timeout_s=2
+    )
+    try:
+        with pool.open(task, timeout=30) as box:
+            assert box.engine.name == "over-ssh"
+            assert box.exec("echo over ssh").output == "over ssh\n"
+            assert box.exec("cd /tmp && pwd; exit 3").exit_code == 3
+            assert box.exec("pwd").output.strip() != "/tmp"  # each command starts afresh
+        assert pool.load() == {"over-ssh": (0, 2, True)}
+    finally:
+        pool.close()
+
+
 def test_reap_command_covers_every_engine_of_a_config(tmp_path, capsys):
     from jaxswe.cli import main
 

@@ -240,7 +240,7 @@ def test_the_trainer_takes_the_first_drawn_of_the_finished_groups():
     from jaxswe.rl.pump import RolloutPump
 
     pump = object.__new__(RolloutPump)  # its bookkeeping alone: capacity 0 starts no groups
-    pump.capacity, pump.outstanding, pump.error, pump.finished = 0, 3, None, {}
+    pump.capacity, pump.outstanding, pump.taken, pump.error, pump.finished = 0, 3, 0, None, {}
     pump.ctx = types.SimpleNamespace(cfg=None)
 
     async def takes() -> list[str]:
@@ -274,8 +274,8 @@ def test_a_take_trains_its_groups_in_draw_order_whatever_finished_first():
 
     cfg = load_config(ROOT / "configs" / "toy-rl.yaml", ["rl.problems_per_iteration=2", "rl.max_staleness=1"])
     pump = object.__new__(RolloutPump)  # capacity 0 starts no groups
-    pump.capacity, pump.outstanding, pump.error, pump.finished = 0, 2, None, {}
-    pump.ctx, pump.order = types.SimpleNamespace(cfg=cfg), None
+    pump.capacity, pump.outstanding, pump.taken, pump.error, pump.finished = 0, 2, 0, None, {}
+    pump.ctx, pump.order = types.SimpleNamespace(cfg=cfg, backend=types.SimpleNamespace(engine=None)), None
 
     def group(task: str):  # one win, one loss: informative
         return [_episode(task, [-1, 0], won, logprobs=[0.0, -0.5]) for won in (True, False)]

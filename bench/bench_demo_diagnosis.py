@@ -10,15 +10,20 @@ its decoded episodes), RL's metrics.jsonl and per-iteration trajectories. Prints
      none either);
   4. what failing episodes do, per stage: format errors (no / several / unclosed fenced blocks),
      scaffold usage errors (e.g. a malformed `edit`), limits (context, turns), or a wrong patch;
-  5. with --kl: KL(RL || RFT) per token on RL's evaluation episodes (loads both checkpoints).
+  5. where failing RL episodes leave their task's most frequent success: a slip (a token the policy
+     gave < 5%) or a choice, and the commonest such points, decoded;
+  6. with --paths: each stage's probability of RL's 3 most frequent successes per task, a
+     noise-free skill measure (loads every stage's checkpoint);
+  7. with --kl: KL(RL || RFT) per token on RL's evaluation episodes (loads both checkpoints).
 
-    python bench/bench_demo_diagnosis.py runs/demo [--kl] [--json out.json]
+    python bench/bench_demo_diagnosis.py runs/demo [--paths] [--kl] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections import Counter
@@ -67,7 +72,7 @@ def failure_kind(ep: dict) -> str:
 
 
 def stage_table(run_dir: Path) -> tuple[list[str], dict]:
-    from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference
+    from jaxswe.stages.stages import paired_comparisons
 
     lines, reports = [], {}
     for s in STAGES:
@@ -90,20 +95,19 @@ def stage_table(run_dir: Path) -> tuple[list[str], dict]:
             for t in tasks
         )
         lines.append(f"{s:<9}  {r['pass_at_1']:.3f}  ({lo:.2f}-{hi:.2f})  {cells}")
-    trained = [s for s in ("warmstart", "rft", "rl") if s in reports]
     paired = {}
-    for a, b in zip(trained, trained[1:], strict=False):
-        ra, rb = reports[a]["per_task"], reports[b]["per_task"]
-        p = paired_difference({t: v["rate"] for t, v in ra.items()}, {t: v["rate"] for t, v in rb.items()})
-        f = fixed_task_difference(
-            {t: (v["successes"], v["samples"]) for t, v in ra.items()},
-            {t: (v["successes"], v["samples"]) for t, v in rb.items()},
+    for p in paired_comparisons(run_dir, list(STAGES)):  # what summary.json reports
+        f = p["these_tasks"]
+        unit = (
+            f"{f['num_episodes'] // 2} episode pairs"
+            if f["method"] == "paired"
+            else f"{f['num_episodes']} episodes"
         )
-        paired[f"{b}-{a}"] = {"over_tasks": p, "these_tasks": f}
+        paired[f"{p['after']}-{p['before']}"] = {"over_tasks": p, "these_tasks": f}
         lines.append(
-            f"{b} - {a}: {p['diff']:+.3f}; over {p['num_tasks']} tasks "
+            f"{p['after']} - {p['before']}: {p['diff']:+.3f}; over {p['num_tasks']} tasks "
             f"{p['ci95'][0]:+.2f} to {p['ci95'][1]:+.2f}; "
-            f"on these tasks ({f['num_episodes']} episodes) {f['ci95'][0]:+.2f} to {f['ci95'][1]:+.2f}"
+            f"on these tasks ({unit}) {f['ci95'][0]:+.2f} to {f['ci95'][1]:+.2f}"
             f"{'  SIGNIFICANT' if f['significant'] else ''}"
         )
     return lines, {"stages": {s: r["pass_at_1"] for s, r in reports.items()}, "paired": paired}
@@ -183,6 +187,110 @@ def failure_table(run_dir: Path) -> tuple[list[str], dict]:
     return lines, out
 
 
+SLIP_LOGPROB = math.log(0.05)  # a divergence at a token the policy gave < 5% is a slip, else a choice
+
+
+def _rl_episodes(run_dir: Path) -> dict[str, list[dict]]:
+    by_task: dict[str, list[dict]] = {}
+    for path in sorted((run_dir / "rl" / "trajectories").glob("iter_*.jsonl")):
+        for ep in _rows(path):
+            if ep.get("infra_error") is None:
+                by_task.setdefault(ep["task_id"], []).append(ep)
+    return by_task
+
+
+def _success_paths(episodes: list[dict], top: int) -> list[tuple[int, ...]]:
+    """The `top` most frequent token sequences of a task's successful episodes."""
+    return [
+        ids
+        for ids, _ in Counter(tuple(e["input_ids"]) for e in episodes if e.get("reward", 0) >= 1).most_common(
+            top
+        )
+    ]
+
+
+def slip_table(run_dir: Path) -> tuple[list[str], dict]:
+    """Where each failing RL episode leaves its task's most frequent success: the first token that
+    differs, the probability the sampling policy gave it (rollout log-prob), and whether that was a
+    slip (p < 5%: a rare token, a different one each time, which a policy gradient can only push
+    down one at a time) or a choice (a real alternative, e.g. X against IX in a numeral table)."""
+    from jaxswe.policy import load_tokenizer
+
+    by_task = _rl_episodes(run_dir)
+    if not by_task:
+        return ["(no RL episodes)"], {}
+    tok = load_tokenizer(json.loads((run_dir / "rl" / "model.json").read_text())["tokenizer"])
+    lines, out = [], {}
+    for task, eps in sorted(by_task.items()):
+        paths = _success_paths(eps, 1)
+        fails = [e for e in eps if not e.get("reward", 0) >= 1]
+        if not paths or not fails:
+            continue
+        canon = paths[0]
+        points: Counter = Counter()
+        slips = choices = 0
+        for e in fails:
+            ids = e["input_ids"]
+            i = next((i for i, (a, b) in enumerate(zip(ids, canon, strict=False)) if a != b), None)
+            if i is None or not e["loss_mask"][i]:
+                continue  # a prefix of the success, or a difference the environment made
+            lp = e["rollout_logprobs"][i]
+            slips, choices = slips + (lp < SLIP_LOGPROB), choices + (lp >= SLIP_LOGPROB)
+            points[
+                (
+                    tok.decode(list(canon[max(0, i - 6) : i]))[-20:],
+                    tok.decode([canon[i]]),
+                    tok.decode([ids[i]]),
+                )
+            ] += 1
+        name = task.replace("builtin__", "")
+        out[name] = {
+            "failures": len(fails),
+            "slips": int(slips),
+            "choices": int(choices),
+            "distinct_points": len(points),
+        }
+        lines.append(f"{name}: {len(fails)} failures leave the success at {len(points)} distinct points; "
+                     f"{slips} slips (p < 0.05), {choices} choices")  # fmt: skip
+        for (ctx, want, got), n in points.most_common(3):
+            lines.append(f"    {n:>3} x after {ctx!r}: {got!r} instead of {want!r}")
+    return lines, out
+
+
+def success_path_table(run_dir: Path) -> tuple[list[str], dict]:
+    """A noise-free measure of each stage's skill on the training tasks: the probability each stage's
+    policy gives to the 3 most frequent successful episodes of RL (their sampled tokens; the
+    environment's are given), summed per task. Evals at 16-48 samples a task cannot see moves of a
+    few points; this can. Loads every stage's checkpoint."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxswe.model import token_logprobs
+    from jaxswe.policy import load_policy
+
+    by_task = _rl_episodes(run_dir)
+    paths = {t: _success_paths(eps, 3) for t, eps in sorted(by_task.items())}
+    masks = {
+        ids: ep["loss_mask"] for eps in by_task.values() for ep in eps for ids in [tuple(ep["input_ids"])]
+    }
+    stages = [s for s in ("warmstart", "rft", "rl") if (run_dir / s).is_dir()]
+    lines = ["stage      mean   " + "  ".join(t.replace("builtin__", "")[:12].rjust(12) for t in paths)]
+    out = {}
+    for s in stages:
+        pol = load_policy(run_dir / s)
+        mass = {}
+        for t, ids_list in paths.items():
+            total = 0.0
+            for ids in ids_list:
+                lp = np.asarray(token_logprobs(pol.params, pol.model_cfg, jnp.asarray([ids], jnp.int32)))[0]
+                total += float(np.exp(lp[np.asarray(masks[ids]) > 0].sum()))
+            mass[t] = total
+        out[s] = mass
+        mean = sum(mass.values()) / max(len(mass), 1)
+        lines.append(f"{s:<9}  {mean:.3f}  " + "  ".join(f"{v:12.3f}" for v in mass.values()))
+    return lines, out
+
+
 def kl_to_rft(run_dir: Path) -> tuple[list[str], dict]:
     """KL(RL || RFT) per assistant token, estimated on RL's own evaluation episodes (sampled from
     RL at temperature 1): mean of log p_rl - log p_rft over the sampled tokens."""
@@ -218,11 +326,19 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--kl", action="store_true", help="also KL(RL || RFT) (loads both checkpoints)")
+    ap.add_argument(
+        "--paths",
+        action="store_true",
+        help="also each stage's probability of RL's successes (loads checkpoints)",
+    )
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
     out = {"run_dir": str(args.run_dir)}
     parts = [("pass@1 by stage (after-stage evals)", stage_table), ("RL iterations", rl_table),
-             ("failing eval episodes", failure_table)]  # fmt: skip
+             ("failing eval episodes", failure_table),
+             ("where failing RL episodes leave the most frequent success", slip_table)]  # fmt: skip
+    if args.paths:
+        parts.append(("probability of RL's 3 most frequent successes per task, by stage", success_path_table))
     if args.kl:
         parts.append(("distance from RFT", kl_to_rft))
     for title, fn in parts:

@@ -47,6 +47,8 @@ def test_demo_pipeline_shrunk(tmp_path, capsys):
         ("warmstart", "rft", 2),
         ("rft", "rl", 2),
     ]
+    # the after-stage evals share their sampling seeds, so "on these tasks" pairs episode by episode
+    assert all(p["these_tasks"]["method"] == "paired" for p in summary["paired"])
     by_name = {s["name"]: s for s in summary["stages"]}
     assert summary["paired"][1]["diff"] == pytest.approx(
         by_name["rl"]["pass_at_1"] - by_name["rft"]["pass_at_1"]

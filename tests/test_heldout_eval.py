@@ -42,3 +42,13 @@ def test_paired_comparisons_read_the_named_report(tmp_path):
     assert (train["before"], train["after"], train["num_tasks"]) == ("rft", "rl", 2)
     assert train["diff"] == pytest.approx(0.5) and train["these_tasks"]["significant"]
     assert (held["num_tasks"], held["diff"]) == (1, 0.0) and not held["these_tasks"]["significant"]
+    assert train["these_tasks"]["method"] == "independent"  # no per-episode outcomes to pair
+    # reports with each sample's outcome (seed order) pair episode by episode
+    outcomes = {"rft": [1, 1, 0, 0, 0, 0, 0, 0], "rl": [1, 1, 1, 1, 1, 1, 0, 0]}
+    for stage, o in outcomes.items():
+        per_task = {"a": {"samples": 8, "successes": sum(o), "rate": sum(o) / 8, "outcomes": o}}
+        (tmp_path / stage / "final_eval.json").write_text(json.dumps({"per_task": per_task}))
+    (train,) = paired_comparisons(tmp_path, stages)
+    assert (
+        train["these_tasks"]["method"] == "paired" and train["these_tasks"]["discordant"]["after_only"] == 4
+    )

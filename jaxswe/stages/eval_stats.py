@@ -93,6 +93,66 @@ def fixed_task_difference(before: Mapping[str, Sequence[int]], after: Mapping[st
         "diff": diff / k,
         "ci95": [lo, hi],
         "num_episodes": episodes,
+        "method": "independent",
+        "significant": bool(lo > 0 or hi < 0),
+    }
+
+
+def _wilson_cc(successes: int, n: int) -> tuple[float, float]:
+    """The continuity-corrected Wilson score 95% interval of a proportion (Newcombe 1998, method 4)."""
+    p, q, z2 = successes / n, 1 - successes / n, 1.96**2
+    lo = hi = 0.0
+    if successes > 0:
+        lo = (2 * n * p + z2 - 1 - 1.96 * math.sqrt(z2 - 2 - 1 / n + 4 * p * (n * q + 1))) / (2 * (n + z2))
+    if successes < n:
+        hi = (2 * n * p + z2 + 1 + 1.96 * math.sqrt(z2 + 2 - 1 / n + 4 * p * (n * q - 1))) / (2 * (n + z2))
+    return max(lo, 0.0), (min(hi, 1.0) if successes < n else 1.0)
+
+
+def paired_outcome_difference(
+    before: Mapping[str, Sequence[int | None]], after: Mapping[str, Sequence[int | None]]
+) -> dict | None:
+    """Pass@1 of `after` minus `before` on exactly these tasks from per-episode outcomes paired by
+    sample (same task, same sampling seed: 1, 0, or None for an infra failure), pooled over the
+    tasks both evaluated; None unless every such task has as many samples in both. The 95%
+    interval is Newcombe's (1998, method 11) for a difference of paired proportions: continuity-
+    corrected Wilson intervals of the two rates, combined with the pairs' correlation. Sampled with
+    common random numbers, most episodes of two nearby policies are the same tokens, and the
+    difference lives in the discordant pairs, so this is far tighter than treating the stages as
+    independent; method 11 keeps coverage at 95% or above where the discordant pairs are few and
+    one-sided (where method 10 falls to ~70%; tests/test_eval_stats.py)."""
+    tasks = sorted(set(before) & set(after))
+    if not tasks or any(len(before[t]) != len(after[t]) for t in tasks):
+        return None
+    pairs = [
+        (x, y)
+        for t in tasks
+        for x, y in zip(before[t], after[t], strict=True)
+        if x is not None and y is not None
+    ]
+    n = len(pairs)
+    if n == 0:
+        return None
+    both = sum(1 for x, y in pairs if x and y)
+    after_only = sum(1 for x, y in pairs if y and not x)
+    before_only = sum(1 for x, y in pairs if x and not y)
+    neither = n - both - after_only - before_only
+    p1, p2 = (both + after_only) / n, (both + before_only) / n
+    (l1, u1), (l2, u2) = _wilson_cc(both + after_only, n), _wilson_cc(both + before_only, n)
+    cross = both * neither - after_only * before_only
+    cross = cross - n / 2 if cross > n / 2 else min(cross, 0)
+    margins = (both + after_only) * (before_only + neither) * (both + before_only) * (after_only + neither)
+    phi = cross / math.sqrt(margins) if margins else 0.0
+    below = math.sqrt(max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0))
+    above = math.sqrt(max((u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2, 0.0))
+    diff = p1 - p2
+    lo, hi = max(diff - below, -1.0), min(diff + above, 1.0)
+    return {
+        "diff": diff,
+        "ci95": [lo, hi],
+        "num_episodes": 2 * n,
+        "method": "paired",
+        "discordant": {"after_only": after_only, "before_only": before_only},
         "significant": bool(lo > 0 or hi < 0),
     }
 
@@ -102,8 +162,10 @@ def summarize(
     endings: Sequence[str],
     num_turns: Sequence[int],
     ks: Sequence[int],
+    outcomes: Mapping[str, Sequence[int | None]] | None = None,
 ) -> dict:
-    """The eval report: pass@1 (+ interval), pass@k for each k <= samples, per-task table,
+    """The eval report: pass@1 (+ interval), pass@k for each k <= samples, per-task table (with
+    `outcomes`, each task's per-sample outcomes in seed order: 1, 0, None for an infra failure),
     fraction of episodes by ending, mean turns."""
     p1, lo, hi = pass_at_1_interval(per_task_successes)
     n_min = min((len(v) for v in per_task_successes.values()), default=0)
@@ -124,6 +186,7 @@ def summarize(
         "mean_turns": float(np.mean(num_turns)) if len(num_turns) else 0.0,
         "per_task": {
             t: {"samples": len(v), "successes": int(sum(v)), "rate": float(np.mean(v)) if len(v) else 0.0}
+            | ({"outcomes": list(outcomes[t])} if outcomes and t in outcomes else {})
             for t, v in sorted(per_task_successes.items())
         },
     }

@@ -22,12 +22,18 @@ if TYPE_CHECKING:  # the context module imports this one
 
 
 def report_from_episodes(episodes: list[Trajectory], ks: list[int]) -> dict[str, Any]:
-    """The eval report; infra failures are left out of every rate (and counted)."""
+    """The eval report; infra failures are left out of every rate (and counted). `episodes` in
+    sample order within each task (as `evaluate` draws them), so that each task's `outcomes` pair
+    by sampling seed with another stage's."""
     per_task: dict[str, list[bool]] = {}
+    outcomes: dict[str, list[int | None]] = {}
     scored = [e for e in episodes if e.infra_error is None]
+    for e in episodes:
+        outcomes.setdefault(e.task_id, []).append(None if e.infra_error is not None else int(e.resolved))
     for e in scored:
         per_task.setdefault(e.task_id, []).append(e.resolved)
-    report = summarize(per_task, [e.ended_by for e in scored], [e.num_turns for e in scored], ks)
+    ends, turns = [e.ended_by for e in scored], [e.num_turns for e in scored]
+    report = summarize(per_task, ends, turns, ks, outcomes)
     report["infra_failures"] = len(episodes) - len(scored)
     return report
 

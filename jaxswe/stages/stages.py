@@ -14,7 +14,7 @@ from jaxswe.errors import UserError
 from jaxswe.rl.loop import run_rl
 from jaxswe.run.plots import plot_metrics
 from jaxswe.stages.context import check_inputs, ensure_backend, finish_stage, open_stage
-from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference
+from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference, paired_outcome_difference
 from jaxswe.stages.evaluate import run_eval_stage
 from jaxswe.stages.rft import run_rft
 from jaxswe.stages.runtime import env_factory
@@ -149,11 +149,14 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, An
         (" held-out", p) for p in out.get("paired_heldout", [])
     ]:
         lo, hi = p["ci95"]
-        flo, fhi = p["these_tasks"]["ci95"]
+        these = p["these_tasks"]
+        flo, fhi = these["ci95"]
+        unit = (f"{these['num_episodes'] // 2} episode pairs (same seeds)" if these["method"] == "paired"
+                else f"{these['num_episodes']} episodes")  # fmt: skip
         print(
             f"jaxswe: {p['after']} - {p['before']}{held} pass@1: {p['diff']:+.3f} (95% interval {lo:+.3f} to "
             f"{hi:+.3f} paired over {p['num_tasks']} tasks; {flo:+.3f} to {fhi:+.3f} on these tasks "
-            f"over {p['these_tasks']['num_episodes']} episodes)",
+            f"over {unit})",
             file=sys.stderr,
         )
     write_json(run_dir / "summary.json", out)
@@ -166,7 +169,9 @@ def paired_comparisons(
     """Each evaluated training stage against the previous one (the eval.after_stage evaluations,
     `report`: final_eval.json, or heldout_eval.json for the eval.heldout tasks): paired over the
     tasks (tasks as the unit: would it hold on other tasks like these?) and, under `these_tasks`,
-    on exactly these tasks (episodes as the unit)."""
+    on exactly these tasks (episodes as the unit): pair by pair where both reports hold each
+    sample's outcome (the after-stage evals share their sampling seeds), else as independent
+    samples (`method` says which)."""
     per_task = {}
     for name in stages:
         path = run_dir / name / report
@@ -174,13 +179,15 @@ def paired_comparisons(
             per_task[name] = read_json(path)["per_task"]
     rates = {n: {t: r["rate"] for t, r in v.items()} for n, v in per_task.items()}
     counts = {n: {t: (r["successes"], r["samples"]) for t, r in v.items()} for n, v in per_task.items()}
+    outcomes = {n: {t: r["outcomes"] for t, r in v.items() if "outcomes" in r} for n, v in per_task.items()}
+
+    def these_tasks(a: str, b: str) -> dict[str, Any]:  # paired by seed where both kept outcomes
+        return paired_outcome_difference(outcomes[a], outcomes[b]) or fixed_task_difference(
+            counts[a], counts[b]
+        )
+
     names = list(per_task)
     return [
-        {
-            "before": a,
-            "after": b,
-            **paired_difference(rates[a], rates[b]),
-            "these_tasks": fixed_task_difference(counts[a], counts[b]),
-        }
+        {"before": a, "after": b, **paired_difference(rates[a], rates[b]), "these_tasks": these_tasks(a, b)}
         for a, b in zip(names, names[1:], strict=False)
     ]

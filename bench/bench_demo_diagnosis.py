@@ -142,11 +142,7 @@ def rl_table(run_dir: Path) -> tuple[list[str], dict]:
     kept = sum(r.get("groups_kept", 0) for r in rows)
     total = sum(r.get("groups_total", 0) for r in rows)
     # which tasks succeed during RL, from the episodes
-    per_task: dict[str, list[int]] = {}
-    for path in sorted((run_dir / "rl" / "trajectories").glob("iter_*.jsonl")):
-        for ep in _rows(path):
-            if ep.get("infra_error") is None:
-                per_task.setdefault(ep["task_id"], []).append(int(ep.get("reward", 0) >= 1.0))
+    per_task = {t: [int(e.get("reward", 0) >= 1.0) for e in eps] for t, eps in _rl_episodes(run_dir).items()}
     ever = sorted(t for t, v in per_task.items() if any(v))
     always = sorted(t for t, v in per_task.items() if v and all(v))
     lines.append(

@@ -204,6 +204,9 @@ class WarmStartSection(Section):
     lr: float = Field(3e-3, gt=0)
     vocab_size: int = Field(1024, gt=0)  # tokenizer built when model.tokenizer is not set
     model_overrides: dict[str, Any] = Field(default_factory=dict)  # Qwen2Config fields over model.preset
+    # also SFT on a decoy of each demonstration (the same edits writing back the old lines, then
+    # submit: a near miss that fails the tests), so the warm start holds a real choice per task
+    decoys: bool = False
 
 
 class RFTSection(Section):

@@ -110,6 +110,12 @@ def test_random_edits_roundtrip(tmp_path):
         target[name] = "".join(f"{line}\n" for line in lines)
     patch = diff_to(repo, target)
     assert apply_with_scaffold(repo, gold_patch_to_commands(patch)) == patch
+    # the demo's decoys: the same edits writing back the lines they replace leave the tree unchanged
+    decoy = gold_patch_to_commands(patch, write_back=True)
+    assert [c.split(" << ")[0].split()[:3] for c in decoy] == [
+        c.split(" << ")[0].split()[:3] for c in gold_patch_to_commands(patch)
+    ]  # edit --file PATH: the same files in the same order
+    assert apply_with_scaffold(repo, decoy) == ""
 
 
 def test_bad_patches_are_clear_errors():
@@ -118,6 +124,12 @@ def test_bad_patches_are_clear_errors():
     binary = "diff --git a/x.bin b/x.bin\nindex 1..2 100644\nBinary files a/x.bin and b/x.bin differ\n"
     with pytest.raises(DemoError, match="binary"):
         gold_patch_to_commands(binary)
+    new_file = (
+        "diff --git a/n.py b/n.py\nnew file mode 100644\n--- /dev/null\n+++ b/n.py\n@@ -0,0 +1 @@\n+x=1\n"
+    )
+    assert gold_patch_to_commands(new_file) == ["create n.py << 'EOF'\nx=1\nEOF"]
+    with pytest.raises(DemoError, match="no write-back edit"):
+        gold_patch_to_commands(new_file, write_back=True)
 
 
 def test_command_reply_fence_outgrows_inner_fences():

@@ -23,6 +23,7 @@ class DemoError(UserError):
 
 @dataclass
 class _Hunk:
+    old_start: int
     new_start: int
     old_count: int
     new_count: int
@@ -77,8 +78,8 @@ def _parse_unified_diff(patch: str) -> list[_FileDiff]:
         elif line.startswith("\\"):
             continue  # "\ No newline at end of file"
         elif m := _HUNK.match(line):
-            _, b, c, d = m.groups()
-            hunk = _Hunk(int(c), int(b) if b is not None else 1, int(d) if d is not None else 1)
+            a, b, c, d = m.groups()
+            hunk = _Hunk(int(a), int(c), int(b) if b is not None else 1, int(d) if d is not None else 1)
             cur.hunks.append(hunk)
         elif line.startswith("--- "):
             cur.old = _strip(line[4:])
@@ -107,7 +108,7 @@ def _heredoc(header: str, lines: list[str]) -> str:
     return "\n".join([f"{header} << '{delimiter}'", *lines, delimiter])
 
 
-def _edit_for_hunk(path: str, hunk: _Hunk) -> str | None:
+def _edit_for_hunk(path: str, hunk: _Hunk, *, write_back: bool = False) -> str | None:
     body = hunk.body
     lead = next((i for i, (tag, _) in enumerate(body) if tag != " "), len(body))
     if lead == len(body):
@@ -115,14 +116,23 @@ def _edit_for_hunk(path: str, hunk: _Hunk) -> str | None:
     trail = next(i for i, (tag, _) in enumerate(reversed(body)) if tag != " ")
     core = body[lead : len(body) - trail]
     old_count = sum(tag != "+" for tag, _ in core)
-    new_lines = [text for tag, text in core if tag != "-"]
-    first_new = hunk.new_start if hunk.new_count > 0 else hunk.new_start + 1
-    start = first_new + lead
+    if write_back:  # the hunks above are no-ops too: old-file coordinates
+        new_lines = [text for tag, text in core if tag != "+"]
+        first = hunk.old_start if hunk.old_count > 0 else hunk.old_start + 1
+    else:
+        new_lines = [text for tag, text in core if tag != "-"]
+        first = hunk.new_start if hunk.new_count > 0 else hunk.new_start + 1
+    start = first + lead
     return _heredoc(f"edit --file {shlex.quote(path)} {start}:{start + old_count - 1}", new_lines)
 
 
-def gold_patch_to_commands(patch: str) -> list[str]:
-    """Scaffold commands (block texts, without fences) that turn the base checkout into the patched one."""
+def gold_patch_to_commands(patch: str, *, write_back: bool = False) -> list[str]:
+    """Scaffold commands (block texts, without fences) that turn the base checkout into the patched one.
+
+    `write_back`: every edit writes back the lines it would replace (the same edits, a no-op: a
+    near miss of the fix, for the demo's decoy demonstrations); a patch that creates, deletes or
+    moves a file has no such commands (DemoError).
+    """
     commands: list[str] = []
     files = _parse_unified_diff(patch)
     if not files:
@@ -133,6 +143,9 @@ def gold_patch_to_commands(patch: str) -> list[str]:
             raise DemoError(f"{path}: binary diffs cannot be written with scaffold commands")
         if path is None:
             raise DemoError("a file diff without a path")
+        structural = f.deleted or f.new_file or f.new is None or f.old is None
+        if write_back and (structural or f.rename_from != f.rename_to):
+            raise DemoError(f"{path}: a file created, deleted or moved has no write-back edit")
         if f.deleted or f.new is None and f.old is not None and not f.rename_to:
             commands.append(f"rm {shlex.quote(f.old or path)}")
             continue
@@ -144,7 +157,8 @@ def gold_patch_to_commands(patch: str) -> list[str]:
             parent = f.rename_to.rsplit("/", 1)[0] if "/" in f.rename_to else "."
             move = f"mv {shlex.quote(f.rename_from)} {shlex.quote(f.rename_to)}"
             commands.append(f"mkdir -p {shlex.quote(parent)} && {move}")
-        commands.extend(cmd for hunk in f.hunks if (cmd := _edit_for_hunk(path, hunk)) is not None)
+        edits = (_edit_for_hunk(path, hunk, write_back=write_back) for hunk in f.hunks)
+        commands.extend(cmd for cmd in edits if cmd is not None)
     return commands
 
 

@@ -5,12 +5,18 @@ A tiny model has no skill, so the demo first builds a tokenizer on the tasks' ow
 model, and trains it by SFT on scripted demonstrations: the gold patch of each task turned into
 scaffold commands (`gold_patch_to_commands`) and played through the real agent loop, so the
 tokens trained on are exactly the ones the agent produces and sees.
+
+With `warmstart.decoys` each demonstration gets a decoy trained on equally often: the same edits
+writing back the lines they would replace, then submit (a near miss: the tests still fail). The
+model then starts with a real choice per task, as a pretrained model knows plausible wrong fixes
+beside the right one, which sampling alone cannot settle and the reward can.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +34,24 @@ from jaxswe.stages.sft import run_sft
 from jaxswe.train.trainer import Trainer
 
 
-def scripted_replies(task: Any) -> list[str]:
-    """The assistant replies of the gold-command policy: each gold command, then submit."""
+def scripted_replies(task: Any, *, decoy: bool = False) -> list[str]:
+    """The assistant replies of the gold-command policy: each gold command, then submit. A decoy
+    makes the same edits writing back the lines they replace (a near miss), then submits."""
     from jaxswe.agent.demos import command_reply, gold_patch_to_commands
 
-    return [command_reply(c) for c in gold_patch_to_commands(task.patch)] + [command_reply("submit")]
+    commands = gold_patch_to_commands(task.patch, write_back=decoy)
+    return [command_reply(c) for c in commands] + [command_reply("submit")]
+
+
+def has_decoy(task: Any) -> bool:
+    """Whether the task's gold patch has a decoy: only edits of existing files do."""
+    from jaxswe.agent.demos import DemoError, gold_patch_to_commands
+
+    try:
+        gold_patch_to_commands(task.patch, write_back=True)
+    except DemoError:
+        return False
+    return True
 
 
 class ScriptedEngine:
@@ -75,9 +94,9 @@ def corpus_texts(cfg: RunConfig, tasks: list[Any], make_env: Any) -> list[str]:
 
 
 async def scripted_episodes(
-    cfg: RunConfig, tasks: list[Any], make_env: Any, tokenizer: Any
+    cfg: RunConfig, tasks: list[Any], make_env: Any, tokenizer: Any, *, decoy: bool = False
 ) -> list[Trajectory]:
-    """The gold-command policy through the real agent loop: token-exact demonstrations."""
+    """The gold-command policy (or its decoy) through the real agent loop: token-exact demonstrations."""
     from jaxswe.agent.loop import run_episode
 
     sem = asyncio.Semaphore(cfg.env.max_parallel)
@@ -86,7 +105,7 @@ async def scripted_episodes(
         async with sem:
             traj = await run_episode(
                 make_env(task.instance_id),
-                ScriptedEngine(scripted_replies(task), tokenizer),
+                ScriptedEngine(scripted_replies(task, decoy=decoy), tokenizer),
                 tokenizer,
                 # scripted replies are not sampled: only the context bounds their length
                 sampling=SamplingParams(max_new_tokens=cfg.agent.max_context_tokens),
@@ -150,14 +169,30 @@ def run_warmstart(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], A
             f"no scripted demonstration resolved its task (e.g. {first.task_id}: ended by {first.ended_by}, "
             f"{first.infra_error or 'not resolved'}); check the task suite and agent.max_turns"
         )
+    decoys = []
+    if ws.decoys:  # a near miss beside each demonstration whose patch has one (edits only)
+        solved = {e.task_id for e in good}
+        decoy_tasks = [t for t in tasks if t.instance_id in solved and has_decoy(t)]
+        play = partial(scripted_episodes, cfg, decoy_tasks, ctx.make_env, ctx.tokenizer, decoy=True)
+        played = asyncio.run(on_main_async(play))
+        save_jsonl(stage_dir / "trajectories" / "decoys.jsonl", played)
+        decoys = [e for e in played if not e.resolved and e.infra_error is None]
+        print(
+            f"jaxswe warmstart: {len(decoys)}/{len(played)} decoy demonstrations fail their task "
+            f"({len(good) - len(decoy_tasks)} demonstrated tasks have no decoy)",
+            file=sys.stderr,
+        )
     sft = SFTSection(epochs=1e9, batch_size=ws.batch_size, max_steps=ws.steps, seq_len=cfg.sft.seq_len)
     metrics = MetricsLogger(stage_dir, trackers=stage_trackers(cfg, stage_dir, "warmstart"))
-    rows = run_sft(trainer, [e.sft_sequence() for e in good], sft, metrics, seed=cfg.seed, desc="warmstart")
+    sequences = [e.sft_sequence() for e in good + decoys]
+    rows = run_sft(trainer, sequences, sft, metrics, seed=cfg.seed, desc="warmstart")
     metrics.close()
     summary = {
         "name": "warmstart",
-        "note": "stand-in for a pretrained base model: SFT on scripted gold-command demonstrations",
+        "note": "stand-in for a pretrained base model: SFT on scripted gold-command demonstrations"
+        + (" and their decoys" if ws.decoys else ""),
         "demonstrations": len(good),
+        "decoys": len(decoys),
         "demo_tokens_mean": sum(len(e.input_ids) for e in good) / len(good),
         "sft_steps": len(rows),
         "final_loss": rows[-1]["loss"],

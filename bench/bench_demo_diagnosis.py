@@ -9,7 +9,8 @@ its decoded episodes), RL's metrics.jsonl and per-iteration trajectories. Prints
   3. which tasks ever succeed during RL (a task never solved gives no signal; one always solved,
      none either);
   4. what failing episodes do, per stage: format errors (no / several / unclosed fenced blocks),
-     scaffold usage errors (e.g. a malformed `edit`), limits (context, turns), or a wrong patch;
+     scaffold usage errors (e.g. a malformed `edit`), limits (context, turns), an empty patch
+     (no edit, or a no-op one such as the warm start's decoys), or a wrong patch;
   5. where failing RL episodes leave their task's most frequent success: a slip (a token the policy
      gave < 5%) or a choice, and the commonest such points, decoded;
   6. with --paths: each stage's probability of RL's 3 most frequent successes per task, a

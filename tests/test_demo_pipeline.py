@@ -67,7 +67,10 @@ def test_demo_pipeline_shrunk(tmp_path, capsys):
         assert any(p.name.isdigit() for p in (run_dir / stage / "checkpoints").iterdir())
     warmstart = json.loads((run_dir / "warmstart" / "summary.json").read_text())
     assert (warmstart["demonstrations"], warmstart["decoys"]) == (2, 2)  # the config's decoys, one a task
-    decoys = [json.loads(line) for line in (run_dir / "warmstart/trajectories/decoys.jsonl").open()]
+    decoys = [
+        json.loads(line)
+        for line in (run_dir / "warmstart/trajectories/decoys.jsonl").read_text().splitlines()
+    ]
     assert [(d["ended_by"], d["patch"], d["reward"]) for d in decoys] == [("submitted", "", 0.0)] * 2
     # each stage trained and handed its weights on: RFT moved the warm start's weights iff it took
     # an SFT step; RL's weights are one iteration from RFT's (not from the warm start's)

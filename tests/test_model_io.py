@@ -105,6 +105,29 @@ def test_sharded_load_places_each_array_from_slices(tmp_path):
     assert_trees_equal(params, sharded)
 
 
+def test_sharded_load_drops_an_axis_that_does_not_divide(tmp_path):
+    """With the default rules on a (fsdp 2, tensor 4) mesh, vocab 97 and 2 kv heads do not divide by
+    the tensor axis: load_hf leaves them replicated, as the trainer's own layout does."""
+    from jaxswe.model.params import param_logical_axes
+    from sharding import make_rules
+    from sharding.rules import param_shardings
+
+    config = CONFIG.replace(num_heads=8, num_kv_heads=2, head_dim=16)
+    params = random_params(config)
+    save_hf(tmp_path / "m", config, params, dtype="float32")
+    mesh = jax.make_mesh((1, 2, 1, 4), ("data", "fsdp", "context", "tensor"))
+    rules = make_rules()
+    _, sharded = load_hf(tmp_path / "m", mesh=mesh, rules=rules)
+    P = jax.sharding.PartitionSpec
+    assert sharded["embed"].sharding.spec == P(None, "fsdp")  # vocab 97, tensor 4
+    assert sharded["layers"]["wk"].sharding.spec == P(None, "fsdp", None, None)  # 2 kv heads, tensor 4
+    assert sharded["layers"]["wq"].sharding.spec == P(None, "fsdp", "tensor", None)
+    trainer_layout = param_shardings(mesh, rules, param_logical_axes(config), params)
+    for got, want in zip(jax.tree.leaves(sharded), jax.tree.leaves(trainer_layout), strict=True):
+        assert got.sharding.is_equivalent_to(want, got.ndim)
+    assert_trees_equal(params, sharded)
+
+
 def test_range_reads_take_only_the_slice_bytes(tmp_path):
     """A region of a 3-D bf16 tensor (partial in every dim) read by byte ranges equals numpy's
     slice, and the reads total exactly the region's bytes."""

@@ -32,7 +32,8 @@ from jaxswe.errors import UserError
 from jaxswe.model.config import ModelConfigError, Qwen2Config
 from jaxswe.model.params import Params, param_logical_axes, param_shapes
 from jaxswe.model.safetensors_ranges import SafetensorsFile
-from sharding.logical import Rules, logical_to_spec
+from sharding.logical import Rules
+from sharding.rules import param_shardings
 
 INDEX_FILE = "model.safetensors.index.json"
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -217,12 +218,13 @@ def _resolve_shardings(config, mesh, shardings, rules):
         return shardings
     if mesh is None:
         return None
-    if rules is not None:
-        return jax.tree.map(
-            lambda axes: NamedSharding(mesh, logical_to_spec(axes, rules)),
-            param_logical_axes(config),
+    if rules is not None:  # as the trainer lays params out: a mesh axis that does not divide is dropped
+        shapes = jax.tree.map(
+            lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32),
+            param_shapes(config),
             is_leaf=lambda x: isinstance(x, tuple),
         )
+        return param_shardings(mesh, rules, param_logical_axes(config), shapes)
     return jax.tree.map(
         lambda _: NamedSharding(mesh, PartitionSpec()),
         param_logical_axes(config),
@@ -248,8 +250,10 @@ def load_hf(
     float32; training loads `dtype=bfloat16, param_dtype=float32` (bf16 compute, fp32 masters).
     Each array is created with its sharding: `shardings` (a pytree of Shardings like the params,
     or a function of the config returning one), else, with a mesh, `rules` (logical axis -> mesh
-    axes, applied to param_logical_axes), else replicated on the mesh; with neither the arrays
-    go to the default device. `runtime` sets the other Qwen2Config runtime knobs.
+    axes, applied to param_logical_axes as the trainer applies them: a mesh axis that does not
+    divide a dimension is dropped there, `sharding.rules.param_shardings`), else replicated on
+    the mesh; with neither the arrays go to the default device. `runtime` sets the other
+    Qwen2Config runtime knobs.
     """
     path = Path(path)
     dtype = jnp.dtype(dtype).name

@@ -16,9 +16,11 @@ result was forged. The other layers are tripwires and hygiene on top:
    .gitattributes, start-up hooks, new modules shadowing the runner or the stdlib at an import
    root, importable binaries) is reset to the sandbox's start state (HEAD plus a task image's own
    uncommitted setup edits: patches are taken against that state) and named in `dropped_paths`.
-4. The remaining change, every byte of it (attributes and textconv ignored), is scanned for
-   tampering (code that reaches into the runner's internals, registers exit hooks, names report
-   files): flagged in `tamper`, never resolved.
+4. The remaining change, every byte of it (attributes and textconv ignored), is scanned by regex
+   tripwires (code that reaches into the runner's internals, registers exit hooks, names report
+   files). A match is a flag for a reader, named in `flags`: it never lowers the reward (a correct
+   fix whose docstring mentions `atexit` resolves, flagged); the patch is graded as any other and
+   `resolved` is decided by the tests and canaries alone.
 5. test_patch is applied. If it does not apply, the grader checks it against the clean base: if it
    does not apply there either, the task is broken (`error`, excluded); else the patch broke it (0).
 6. Canaries go into every graded test file. A pytest command runs with `-c` the project's (reset)
@@ -77,8 +79,9 @@ _PLUGIN_SOURCE = Path(__file__).with_name("grader_plugin.py")
 _FILE_STATUS_RE = re.compile(r"\s+\[(?:OK|FAIL)\]$", re.M)
 _LAUNCHER = "import sys\n\nimport pytest\n\nsys.exit(pytest.main())\n"
 _NOT_STARTED = "the test command cannot start"
-# Added code that tampers with the runner or its report. Runner-internal names are exempt in a
-# project that tracks the runner itself (pytest's own repository).
+# Tripwires: added code that looks like it tampers with the runner or its report (flags only, a
+# correct fix may match). Runner-internal names are exempt in a project that tracks the runner
+# itself (pytest's own repository).
 _TAMPER = {
     "reaches into the test runner's internals": r"\b_pytest\b|\bpluggy\b|\bhookimpl\b|\bpytest_plugins\b"
     r"|^\s*(?:async\s+)?def\s+pytest_\w+|sys\.modules\s*\[\s*['\"]pytest",
@@ -96,7 +99,8 @@ _GIT = "git -c core.quotepath=false -c core.attributesFile=/dev/null"
 class GradeResult:
     """`tests`: status of every test the run reported, plus MISSING for graded tests it did not.
     `error`: the task or infrastructure failed (not the agent); such results are excluded, not scored 0.
-    `tamper`: why the patch was flagged as tampering with the grader (never resolved).
+    `tamper`: why the patch was found tampering with the grader (a forged result: never resolved).
+    `flags`: the tripwires the kept change matched (module docstring, layer 4): reported, never scored.
     `canaries`: how many canary tests the run held (0: graded without them, `reason` or `notes` say why)."""
 
     resolved: bool
@@ -110,6 +114,7 @@ class GradeResult:
     canaries: int = 0
     notes: tuple[str, ...] = ()
     uncollected: tuple[str, ...] = ()  # graded test files the run could not collect (import errors)
+    flags: tuple[str, ...] = ()
 
 
 def _git(sandbox: Sandbox, args: str, timeout: float = 120) -> tuple[bool, str]:
@@ -228,7 +233,8 @@ def _reset(sandbox: Sandbox, paths: list[str], start: str) -> None:
 
 
 def tamper_reasons(diff: str, *, runner_exempt: bool = False) -> tuple[str, ...]:
-    """Why the added lines of `diff` (a git diff) tamper with grading (see the module docstring)."""
+    """The tripwires the added lines of `diff` (a git diff) match: flags, never a verdict (see the
+    module docstring, layer 4)."""
     added = "\n".join(ln[1:] for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++ "))
     return tuple(
         why
@@ -501,6 +507,7 @@ def grade_in(
     """Grade `patch` (a diff against the sandbox's start state) in `sandbox`, which must be fresh at
     the task's clean state; protected paths go back to that state, a task image's own edits kept."""
     dropped: list[str] = []
+    flags: tuple[str, ...] = ()
     private = f"/tmp/jaxswe-grader-{uuid.uuid4().hex}"
     start = _start_tree(sandbox)
     if _via_plugin(task.test_command) and (failed := _preflight(sandbox, task, private)) is not None:
@@ -521,11 +528,7 @@ def grade_in(
         _reset(sandbox, dropped, start)
         kept = sandbox.exec(f"{_GIT} diff --cached --no-color --no-ext-diff --no-textconv --text {start}",
                             timeout=120)  # fmt: skip
-        tamper = tamper_reasons(kept.output, runner_exempt=runner_project)
-        if tamper:
-            missing = {t: MISSING for t in [*task.fail_to_pass, *task.pass_to_pass]}
-            return GradeResult(False, missing, kept.output[-2000:], f"tampering: {'; '.join(tamper)}",
-                               dropped_paths=tuple(dropped), tamper=tamper)  # fmt: skip
+        flags = tamper_reasons(kept.output, runner_exempt=runner_project)
     ok, clean, out = _apply_test_patch(sandbox, task.test_patch, start)
     if not ok:
         why = (
@@ -582,7 +585,7 @@ def grade_in(
     return GradeResult(
         result.resolved and not forged, result.tests, result.log, forged or result.reason, result.messages,
         result.dropped_paths, tamper=(FORGED,) if forged else (), canaries=len(canaries), notes=notes,
-        uncollected=tuple(uncollected),
+        uncollected=tuple(uncollected), flags=flags,
     )  # fmt: skip
 
 

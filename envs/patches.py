@@ -1,8 +1,10 @@
 """Unified diffs: which files a patch touches (git's own parser) and which of them the agent may not change.
 
-Grading never splits a patch by hand: the paths come from `git apply --numstat -z` (here) or from
-the index after `git apply --index` (envs.grading), so the file list and what gets applied come
-from the same parser. Protected paths (changes there are reset to the base state before grading):
+Grading never splits a patch by hand: the paths come from `git apply --numstat -z` (here, run in
+a fresh empty directory with none of the caller's GIT_* variables, envs.repos.git_outside, so the
+caller's working directory never filters them) or from the index after `git apply --index`
+(envs.grading), so the file list and what gets applied come from the same parser. Protected paths
+(changes there are reset to the base state before grading):
 
 - test paths: the files test_patch touches, anything under a `tests/` directory or a top-level
   `test/` or `testing/` (inside a package those are library code: django/test, sympy/testing),
@@ -23,10 +25,11 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import PurePosixPath
+
+from envs.repos import git_outside
 
 _TEST_NAMES = ("test_*.py", "*_test.py", "conftest.py")
 RUNNER_CONFIGS = ("pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini")
@@ -51,10 +54,7 @@ def numstat(diff: str) -> list[str]:
 
     Raises PatchError when git cannot parse the diff.
     """
-    done = subprocess.run(
-        ["git", "apply", "--numstat", "-z", "-"], input=diff.encode("utf-8", "surrogateescape"),
-        capture_output=True,
-    )  # fmt: skip
+    done = git_outside("apply", "--numstat", "-z", "-", input=diff.encode("utf-8", "surrogateescape"))
     if done.returncode != 0:
         raise PatchError(
             done.stderr.decode("utf-8", "replace").strip()[-300:] or "git cannot parse the patch"

@@ -3,6 +3,13 @@
 `clean_template(task)` builds (once, cached under `$JAXSWE_CACHE_DIR/templates`) a git repository
 whose only ref is `main` at base_commit: fetched by commit id into an empty repository, so no
 later commits, tags, remotes, reflog or FETCH_HEAD come along. Sandboxes copy this template.
+
+Host-side git (`git()`, `host_env()`: here, envs.builtin, envs.mining, envs.venvs, envs.patches)
+never depends on the caller: no user or system config, none of the caller's GIT_* variables
+(GIT_DIR, GIT_WORK_TREE, GIT_INDEX_FILE from a git hook or a shell would point git at another
+repository), and a call that reads no repository runs in a fresh empty directory (`git_outside()`),
+never in the caller's working directory (in a work tree's subdirectory, `git apply` keeps only the
+paths under it: every patch would touch nothing).
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +39,22 @@ GIT_ENV = {
 }
 
 
+def host_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a host-side git call: the caller's without its GIT_* variables, plus GIT_ENV."""
+    own = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    return {**own, **GIT_ENV, **(extra or {})}
+
+
+def git_outside(*args: str, input: bytes) -> subprocess.CompletedProcess:
+    """git `args` that read no repository (`apply --numstat`), run in a fresh empty directory
+    whose parent is a ceiling (GIT_CEILING_DIRECTORIES): never inside the caller's work tree."""
+    with tempfile.TemporaryDirectory(prefix="jaxswe-git-") as tmp:
+        ceiling = {"GIT_CEILING_DIRECTORIES": str(Path(tmp).parent)}
+        return subprocess.run(
+            ["git", *args], input=input, capture_output=True, cwd=tmp, env=host_env(ceiling)
+        )
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("JAXSWE_CACHE_DIR", Path.home() / ".cache" / "jaxswe"))
 
@@ -41,7 +65,7 @@ def git(repo: Path, *args: str, env: dict[str, str] | None = None, check: bool =
         ["git", "-C", str(repo), *args],
         capture_output=True,
         text=True,
-        env={**os.environ, **GIT_ENV, **(env or {})},
+        env=host_env(env),
     )
     if check and done.returncode != 0:
         raise SandboxError(f"git {' '.join(args[:3])} failed in {repo}: {done.stderr.strip()[-500:]}")
@@ -77,7 +101,7 @@ def clean_template(task: Task) -> Path:
         fetched = subprocess.run(
             ["git", "-C", str(tmp), "-c", "uploadpack.allowAnySHA1InWant=true", "fetch", "-q", "--no-tags",
              str(source.resolve()), task.base_commit],
-            capture_output=True, text=True, env={**os.environ, **GIT_ENV},
+            capture_output=True, text=True, env=host_env(),
         )  # fmt: skip
         if fetched.returncode != 0:
             raise SandboxError(

@@ -10,7 +10,9 @@ checkout's import root (`src/` for a src layout, else the root) on PYTHONPATH an
 first on PATH. Recipes with no `install` share one venv per recipe. The venv's Python is the
 first `python<version>` of the recipe found on PATH, else the host's base interpreter; a recipe
 that needs another Python, a conda environment.yml or `pre_install` steps (system commands) is
-refused with the reason (`Task.recipe_problem`: the docker backend runs the last).
+refused with the reason (`Task.recipe_problem`: the docker backend runs the last). The build runs
+with none of the caller's GIT_* variables (envs.repos.host_env), so an install that asks git for the
+version (setuptools-scm) reads the clean copy, not the caller's repository.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import fcntl
 import functools
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envs.errors import SandboxError
-from envs.repos import GIT_ENV, cache_dir, git, task_source
+from envs.repos import cache_dir, git, host_env, task_source
 
 if TYPE_CHECKING:
     from envs.tasks import Task
@@ -84,7 +85,7 @@ def _version(python: str) -> str:
 def _build(task: Task, venv: Path) -> None:
     recipe = _recipe(task)
     python = _python(str(recipe.get("python") or ""))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in host_env().items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env |= {"PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(venv),
             "PYTHONNOUSERSITE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}  # fmt: skip
     _run([python, "-m", "venv", str(venv)], cwd=venv.parent, env=env, what="python -m venv")
@@ -102,7 +103,7 @@ def _build(task: Task, venv: Path) -> None:
         checkout = Path(tmp) / "repo"
         commit = task.env_commit or task.base_commit
         done = subprocess.run(["git", "clone", "-q", "--no-checkout", str(task_source(task)), str(checkout)],
-                              capture_output=True, text=True, env={**os.environ, **GIT_ENV})  # fmt: skip
+                              capture_output=True, text=True, env=host_env())  # fmt: skip
         if done.returncode != 0:
             raise SandboxError(f"building the task venv: git clone failed: {done.stderr[-500:]}")
         git(checkout, "checkout", "-q", commit)

@@ -71,7 +71,8 @@ def test_tampering_never_resolves(tasks):
         assert not result.resolved, what
         assert result.tests.get("tests/test_calc.py::test_add") != "PASSED", what
     assert grade(task, patches["adds a skipping conftest.py"]).dropped_paths == ("conftest.py",)
-    assert grade(task, patches["prints fake PASSED lines"]).tamper == ("registers an exit hook",)
+    fake = grade(task, patches["prints fake PASSED lines"])
+    assert fake.flags == ("registers an exit hook",) and not fake.tamper, fake.reason  # a flag, not a verdict
 
 
 def test_exit_code_and_missing_tests(tasks):

@@ -15,7 +15,8 @@ import pytest
 
 from envs import grade
 from envs.docker_sandbox import engine_available
-from envs.grading import parse_report, tamper_reasons
+from envs.grading import FORGED, parse_report, tamper_reasons
+from envs.patches import numstat
 from envs.repos import clean_template
 from envs.tasks import load_builtin
 
@@ -191,15 +192,16 @@ def _check(task, results):
         assert not result.resolved, (what, result.reason)
         assert not result.error, (what, result.reason)  # the policy's doing: scored 0, never excluded
         graded = result.tests.get("tests/test_split.py::test_remainder_is_distributed")
-        assert graded in (None, "FAILED", "MISSING", "ERROR"), (what, graded)
+        assert graded in (None, "FAILED", "MISSING", "ERROR") or result.tamper == (FORGED,), (what, graded)
     for what in ("plugin via pyproject addopts", "package monkeypatches _pytest reports at import",
                  "atexit rewrites the report and os._exit(0)"):  # fmt: skip
-        assert results[what].tamper, what
+        assert results[what].flags, what
+    assert results["atexit rewrites the report and os._exit(0)"].tamper == (FORGED,)  # its report is forged
     assert results["conftest.py that skips everything"].dropped_paths == ("conftest.py",)
     assert results["a trailing plain-diff section"].reason.startswith("patch does not apply")
     assert "conftest.py" in results["C-quoted conftest name"].dropped_paths
     hidden = results[".gitattributes hides package code from the scan"]
-    assert ".gitattributes" in hidden.dropped_paths and "registers an exit hook" in hidden.tamper
+    assert ".gitattributes" in hidden.dropped_paths and "registers an exit hook" in hidden.flags
     assert results["an importable zip archive"].dropped_paths == ("billsplit/_vendored.zip",)
 
 
@@ -208,6 +210,26 @@ def test_attacks_local(task, tmp_path):
     _check(task, results)
     assert grade(task, task.patch).resolved
     assert grade(task, fuzzy_gold(task)).resolved  # SWE-bench's `patch --fuzz=5` fallback
+
+
+def test_no_false_alarm_from_a_work_tree_or_a_tripwire(task, tmp_path, monkeypatch):
+    """Graded from a subdirectory of another git work tree (its GIT_DIR and GIT_WORK_TREE set too),
+    git still reads every path of a patch, and a genuine fix whose comment mentions `atexit`
+    resolves, flagged."""
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    monkeypatch.chdir(work / "sub")
+    monkeypatch.setenv("GIT_DIR", str(work / ".git"))
+    monkeypatch.setenv("GIT_WORK_TREE", str(work))
+    assert numstat(task.patch) == ["billsplit/split.py"]
+    fix = task.patch.replace("@@ -5,5 +5,5 @@", "@@ -5,5 +5,6 @@").replace(
+        "+    share, remainder",
+        "+    # pure arithmetic: safe in an atexit handler too\n+    share, remainder",
+    )
+    result = grade(task, fix)
+    assert result.resolved and not result.tamper and result.canaries, result.reason
+    assert result.flags == ("registers an exit hook",)
 
 
 @pytest.mark.docker
@@ -229,7 +251,7 @@ def test_each_layer_alone():
     report = parse_report(rewritten)
     assert report.tests == {"t::a": "FAILED"}
     assert (report.started, report.exitstatus) == (True, None)  # started, never finished
-    # the tamper scan
+    # the tripwires (flags, never a verdict)
     assert tamper_reasons("+++ b/x.py\n+def pytest_runtest_makereport(item, call):\n") == (
         "reaches into the test runner's internals",
     )
@@ -242,14 +264,13 @@ def test_each_layer_alone():
     assert tamper_reasons("+def split(total, people):\n+    return sys.argv\n") == ()
 
 
-def test_plugin_hack_fails_with_the_tamper_scan_and_the_reset_both_off(task, tmp_path, monkeypatch):
-    """Depth: with neither the tamper scan nor the protected-path reset, the config-loaded plugin
+def test_plugin_hack_fails_with_the_reset_off(task, tmp_path, monkeypatch):
+    """Depth: without the protected-path reset (the tripwires only flag), the config-loaded plugin
     cannot import (the checkout is on sys.path only once the grader's plugin put it there, and a
     config's `-p` loads before it), so the run fails to start: unresolved, and the patch's failure,
     not an infrastructure one (the preflight on the clean base started)."""
     import envs.grading
 
-    monkeypatch.setattr(envs.grading, "tamper_reasons", lambda diff, runner_exempt=False: ())
     monkeypatch.setattr(envs.grading, "_protected_changes", lambda *args: [])
     pyproject = (clean_template(task) / "pyproject.toml").read_text()
     addopts = 'testpaths = ["tests"]\naddopts = "-p billsplit._plug"'
@@ -259,5 +280,6 @@ def test_plugin_hack_fails_with_the_tamper_scan_and_the_reset_both_off(task, tmp
     }
     result = grade(task, _git_diff(task, files, tmp_path))
     assert not result.resolved and not result.error and not result.tamper and not result.dropped_paths
+    assert result.flags == ("reaches into the test runner's internals",)
     assert result.reason.startswith("5 of 5 graded tests not passing"), result.reason
     assert "No module named 'billsplit'" in result.log

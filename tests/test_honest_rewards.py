@@ -1,7 +1,7 @@
 """Honest rewards: grading errors are infra failures (excluded), what the policy causes is reward 0.
 
 One test per case of issue 13 item 4, plus the end-to-end plugin hack of issue 14 through the
-real agent loop (reward 0 and a tamper flag).
+real agent loop (reward 0, flagged).
 """
 
 import os
@@ -110,7 +110,7 @@ def test_commands_cannot_kill_their_sandbox():
     assert env.reward() == 0.0
 
 
-def test_plugin_hack_end_to_end_scores_zero_with_a_tamper_flag(tok):  # noqa: F811
+def test_plugin_hack_end_to_end_scores_zero_flagged(tok):  # noqa: F811
     plugin = (
         "create billsplit/_plug.py\nimport pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\n"
         "def pytest_runtest_makereport(item, call):\n    report = (yield).get_result()\n"
@@ -119,10 +119,12 @@ def test_plugin_hack_end_to_end_scores_zero_with_a_tamper_flag(tok):  # noqa: F8
     addopts = 'replace --file pyproject.toml\n<<<<<<< SEARCH\ntestpaths = ["tests"]\n=======\n'
     addopts += 'testpaths = ["tests"]\naddopts = "-p billsplit._plug"\n>>>>>>> REPLACE'
     script = [command_reply(plugin, "Add a helper."), command_reply(addopts, "Load it."), SUBMIT]
-    (traj,) = play(tok, [TASK], [script], concurrency=1)
+    env = SWEEnv(TASK, backend="local", window_lines=20, command_timeout_s=60)
+    (traj,) = play(tok, [TASK], [script], concurrency=1, episodes=[env])
     assert traj.ended_by == "submitted" and traj.infra_error is None and "_plug" in traj.patch
-    assert traj.reward == 0.0 and traj.tampered
-    assert traj.tamper == ["reaches into the test runner's internals"]
+    assert traj.reward == 0.0 and not traj.tampered  # the config was reset: the plugin never loaded
+    assert env.grade_result.dropped_paths == ("pyproject.toml",)
+    assert env.grade_result.flags == ("reaches into the test runner's internals",)
 
 
 def test_tests_that_cannot_collect_even_with_gold_are_an_infra_failure():

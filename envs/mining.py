@@ -3,9 +3,10 @@
 For every non-merge commit C with one parent P, in order (each stage's survivors go on):
 1. `src+tests`: C changes both test files (envs.patches.is_test_path, .py) and non-test .py files.
 2. `size`: the non-test part (the gold `patch`) changes <= 7 files and < 500 lines.
-3. `bug fix, no leak`: the commit message describes a bug fix, not a feature or chore, and the
-   statement (the merged pull request's text where the history names one, else the commit
-   message) gives nothing of the fix away (`statement_problem`).
+3. `bug fix, no leak`: the commit message describes a bug fix, not a feature, deprecation or
+   chore, and the statement (the merged pull request's text where the history names one, else the
+   commit message, without its trailers such as `Signed-off-by:`) gives nothing of the fix away
+   (`statement_problem`).
 4. `tests ran`: in the task's environment (local sandbox + task venv), the test files C touches run
    (for a touched helper with no tests of its own, such as tests/__init__.py, its directory) at P
    with the test part (`test_patch`) applied ("before") and with both parts ("after"), each `runs`
@@ -16,18 +17,22 @@ For every non-merge commit C with one parent P, in order (each stage's survivors
    run); PASS_TO_PASS = passing in every run of both; tests whose status differs between runs
    of the same side are flaky and dropped. A task without FAIL_TO_PASS is dropped.
 6. `no new API`: a task whose failing tests fail before the fix with ImportError/AttributeError/
-   NameError or pytest's "DID NOT WARN" is dropped (the fix adds an API or a deprecation rather
-   than fixing a bug; argument errors are not taken as a sign: boltons 289edfc fixes one).
+   NameError, pytest's "DID NOT WARN" or a deprecation warning is dropped (the fix adds an API or a
+   deprecation rather than fixing a bug; argument errors are not taken as a sign: boltons 289edfc fixes one).
 7. `valid`: envs.validate.validate_task: gold resolves in every one of `runs` fresh sandboxes,
    the empty patch does not; the gold run's statuses are stored as the task's reference statuses.
 
-Every commit's outcome is appended to a state file as it finishes, so a rerun resumes where
-the last one stopped; commits are processed by `workers` threads.
+Every commit's outcome is appended to a state file as it finishes, with the install recipe it
+was examined under, so a rerun resumes where the last one stopped and a rerun with another recipe
+re-examines every commit whose outcome depended on the recipe (from `tests ran` on). Commits are
+processed by `workers` threads. `drop_summary` says why the dropped commits were dropped, one line
+per cause; the written records name their repository portably (`portable_record`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from collections import Counter
@@ -43,7 +48,7 @@ from envs.parsers import PASSING
 from envs.patches import is_test_path, patch_files
 from envs.repos import git
 from envs.tasks import Task, task_from_record
-from envs.validate import static_reject, validate_task
+from envs.validate import static_reject, validate_task, with_validation
 
 STAGES = ("commits", "src+tests", "size", "bug fix, no leak", "tests ran", "fail-to-pass",
           "no new API", "valid")  # fmt: skip
@@ -54,6 +59,21 @@ _FIX_WORDS = (
 _FIX_RE = re.compile(rf"\b({_FIX_WORDS})\b", re.IGNORECASE)
 # "Fix #12:", "Fixes #3, fix #4 -", "(#56)": issue references say nothing of what the change is
 _ISSUE_REF_RE = re.compile(r"\(?(?:\b(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?)\s+)?#\d+\)?[\s,:;.-]*", re.I)
+# a conventional-commit type other than fix ("feat:", "docs(api):", "chore!:"), or a summary that
+# calls itself a feature or names a deprecation: not a bug fix, whatever bug words it holds
+_FEATURE_RE = re.compile(
+    r"^\s*(feat|feature|chore|docs?|refactor|style|test|tests|build|ci|perf|release)(\([^)]*\))?!?:"
+    r"|^\s*features?\b|\bdeprecat\w*",
+    re.IGNORECASE,
+)
+# git trailers ("Signed-off-by: A <a@b>", "Change-Id: I12..."): a final paragraph of `Key: value`
+# lines; the known keys are removed wherever they stand
+_TRAILER_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]*: \S.*$")
+_KNOWN_TRAILER_RE = re.compile(
+    r"^(signed-off-by|co-authored-by|change-id|reviewed-by|reviewed-on|acked-by|tested-by|reported-by"
+    r"|suggested-by|helped-by|cc): .*$\n?",
+    re.IGNORECASE | re.MULTILINE,
+)
 # a summary led by one of these describes a feature, a deprecation, a refactor or a chore
 _NOT_A_FIX_RE = re.compile(
     r"^\s*(add(s|ed)?|implement(s|ed)?|introduce[sd]?|support(s|ed)?|deprecate[sd]?|convert(s|ed)?"
@@ -62,10 +82,15 @@ _NOT_A_FIX_RE = re.compile(
     re.IGNORECASE,
 )
 # failing tests that fail this way test an API the fix adds or a warning it introduces, not a bug
-_NEW_API_RE = re.compile(r"\b(ImportError|ModuleNotFoundError|AttributeError|NameError)\b|DID NOT WARN")
+_NEW_API_RE = re.compile(
+    r"\b(ImportError|ModuleNotFoundError|AttributeError|NameError|DeprecationWarning|PendingDeprecationWarning"
+    r"|FutureWarning)\b|DID NOT WARN"
+)
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,}")
 DEFAULT_INSTALL = {"install": "pip install -e .", "test_cmd": "pytest -rA"}
 _PLACEHOLDER = "jaxswe::placeholder"  # a graded id no run reports (grading wants one F2P test)
+# outcomes decided before any test ran: the same under every install recipe
+_RECIPE_FREE_STAGES = ("commits", "src+tests", "size")
 
 
 @dataclass(frozen=True)
@@ -79,6 +104,16 @@ class Outcome:
 
     def to_json(self) -> dict[str, Any]:
         return {"commit": self.commit, "stage": self.stage, "reason": self.reason, "record": self.record}
+
+    @property
+    def recipe_free(self) -> bool:
+        """Whether the outcome holds under any install recipe (decided before any test ran)."""
+        return self.stage in _RECIPE_FREE_STAGES and not self.reason.startswith("error:")
+
+    @property
+    def cause(self) -> str:
+        """Why the commit was dropped, without the commit's particulars (the reason up to its first ': ')."""
+        return self.reason.split(": ", 1)[0]
 
 
 def repo_name(repo_dir: Path) -> str:
@@ -122,9 +157,11 @@ def statement_problem(
     not bugs to find), or it gives the fix away (an added line of the patch verbatim, or a code-like name the
     patch adds that the repository did not have before it; `known(names)` says which it had)."""
     message = statement if message is None else message
+    summary = _ISSUE_REF_RE.sub(" ", message.strip().splitlines()[0]).strip()
+    if _FEATURE_RE.search(summary):
+        return f"the commit message describes a feature or deprecation, not a bug fix: {summary[:80]!r}"
     if not _FIX_RE.search(message):
         return "the commit message does not describe a bug fix"
-    summary = _ISSUE_REF_RE.sub(" ", message.strip().splitlines()[0]).strip()
     if _NOT_A_FIX_RE.match(summary) and not _FIX_RE.search(summary):
         return f"the commit message describes a feature or chore, not a bug fix: {summary[:80]!r}"
     added = [ln[1:].strip() for ln in patch.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
@@ -138,6 +175,17 @@ def statement_problem(
     return ""
 
 
+def strip_trailers(message: str) -> str:
+    """A commit message without its git trailers: the known keys (Signed-off-by, Co-authored-by,
+    Change-Id, Reviewed-by, ...) wherever they stand, a rule (`---`) they leave at the end, and a
+    final paragraph of `Key: value` lines (never the summary paragraph)."""
+    text = re.sub(r"(\n\s*-{3,}\s*)+$", "", _KNOWN_TRAILER_RE.sub("", message).strip())  # a bare rule left
+    paragraphs = re.split(r"\n\s*\n", text)
+    if len(paragraphs) > 1 and all(_TRAILER_RE.match(ln) for ln in paragraphs[-1].strip().splitlines()):
+        paragraphs = paragraphs[:-1]
+    return "\n\n".join(paragraphs).strip()
+
+
 def pull_request_text(repo_dir: Path, commit: str, *, scan: int = 50) -> str | None:
     """The title and description of the pull request that brought `commit` in: the message of the
     first merge after it whose first parent does not hold it, past its `Merge pull request #N from`
@@ -148,7 +196,8 @@ def pull_request_text(repo_dir: Path, commit: str, *, scan: int = 50) -> str | N
             continue  # merged before, along the first parent
         head, _, text = git(repo_dir, "log", "-1", "--format=%B", merge).strip().partition("\n")
         m = re.match(r"Merge pull request (#\d+)", head)
-        return f"{text.strip()}\n\n(pull request {m.group(1)})" if m and text.strip() else None
+        text = strip_trailers(text)
+        return f"{text}\n\n(pull request {m.group(1)})" if m and text else None
     return None
 
 
@@ -198,9 +247,17 @@ def _runs(task: Task, patch: str, runs: int, **limits: Any) -> list[dict[str, st
             return graded.reason
         tests = {t: s for t, s in graded.tests.items() if t != _PLACEHOLDER}
         if not tests:
-            return f"the test run reported no tests: {graded.log[-300:]}"
+            return f"the test run reported no tests: {log_gist(graded.log)}"
         results.append((tests, graded.messages))
     return results
+
+
+def log_gist(log: str) -> str:
+    """The line of a test log that says most about why it ran no test: the last one naming an error
+    (`ModuleNotFoundError: No module named 'hypothesis'`), else the last line; at most 200 characters."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.search(r"\w(Error|Exception)\b|\berror\b|No module named", ln, re.I)]
+    return (errors or lines or ["(no output)"])[-1][:200]
 
 
 def _stable(runs: list[tuple[dict[str, str], dict[str, str]]]) -> dict[str, str]:
@@ -228,7 +285,7 @@ def mine_commit(
         "base_commit": parent,
         "patch": patch,
         "test_patch": test_patch,
-        "problem_statement": pull_request_text(repo_dir, commit) or message,
+        "problem_statement": pull_request_text(repo_dir, commit) or strip_trailers(message),
         "FAIL_TO_PASS": [_PLACEHOLDER],
         "PASS_TO_PASS": [],
         "install_config": install,
@@ -240,7 +297,7 @@ def mine_commit(
     }
     task = task_from_record(record)
     if why := static_reject(task, max_files=max_files, max_lines=max_lines):
-        return Outcome(commit, "src+tests", why)
+        return Outcome(commit, "src+tests", f"gold patch too large: {why}")
     if check_statement and (
         why := statement_problem(record["problem_statement"], patch, _known_names(repo_dir, parent), message)
     ):
@@ -261,28 +318,36 @@ def mine_commit(
         return Outcome(commit, "tests ran", "no test fails before and passes after (or only flaky ones)")
     messages = " ".join(m for r in before for m in r[1].values())
     if m := _NEW_API_RE.search(messages):
-        return Outcome(commit, "fail-to-pass", f"the failing tests test a new API or warning ({m.group(0)})")
+        return Outcome(commit, "fail-to-pass", f"the failing tests test a new API or warning: {m.group(0)}")
     task = replace(task, fail_to_pass=tuple(f2p), pass_to_pass=tuple(p2p))
     record = {**task.to_record(), "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p}
     task = task_from_record(record)
     check = validate_task(task, runs=runs, backend="local", **limits)
     if not check.ok:
         return Outcome(commit, "no new API", check.reason)
-    return Outcome(
-        commit, "valid", "", replace(task, reference_statuses=check.reference_statuses).to_record()
-    )
+    return Outcome(commit, "valid", "", with_validation(task, check).to_record())
 
 
-def read_state(path: Path) -> dict[str, Outcome]:
-    """Outcomes recorded so far (a torn last line from a killed run is ignored)."""
-    done: dict[str, Outcome] = {}
+def recipe_key(install: dict[str, Any]) -> str:
+    """The install recipe as the state file records it (canonical JSON)."""
+    return json.dumps(install, sort_keys=True)
+
+
+def read_state(path: Path) -> dict[tuple[str, str], Outcome]:
+    """Outcomes recorded so far by (commit, recipe key); the key is "" for an outcome that holds under
+    any recipe (`Outcome.recipe_free`). A torn last line from a killed run is ignored, and so is a row
+    of an older state file that recorded no recipe for a recipe-dependent outcome."""
+    done: dict[tuple[str, str], Outcome] = {}
     if path.is_file():
         for line in path.read_text().splitlines():
             try:
                 row = json.loads(line)
-                done[row["commit"]] = Outcome(row["commit"], row["stage"], row["reason"], row["record"])
+                outcome = Outcome(row["commit"], row["stage"], row["reason"], row["record"])
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue
+            recipe = "" if outcome.recipe_free else row.get("recipe")
+            if recipe is not None:
+                done[(outcome.commit, recipe)] = outcome
     return done
 
 
@@ -295,37 +360,71 @@ def stage_counts(outcomes: list[Outcome], scanned: int) -> dict[str, int]:
     return counts
 
 
-def mine(
+def drop_summary(outcomes: list[Outcome]) -> list[str]:
+    """One line per cause of the dropped commits, most frequent first: the count, the cause, and for
+    a cause whose particulars differ per commit the newest commit's as an example."""
+    dropped = [o for o in outcomes if o.record is None]
+    lines = []
+    for cause, n in Counter(o.cause for o in dropped).most_common():
+        last = [o for o in dropped if o.cause == cause][-1]
+        detail = last.reason[len(cause) + 2 :].strip()
+        example = f" (e.g. {last.commit[:10]}: {' '.join(detail.split())[:200]})" if detail else ""
+        lines.append(f"{n:6d}  {cause}{example}")
+    return lines
+
+
+def portable_record(record: dict[str, Any], repo_dir: Path, out: Path) -> dict[str, Any]:
+    """The record as written to the task file `out`: no `source_dir` when the repository is the
+    task's `$JAXSWE_REPOS_DIR/<owner>__<name>` clone, else `source_dir` relative to `out`'s directory
+    (`load_tasks` resolves it from there), so the task file and its repository move together."""
+    record = dict(record)
+    repo_dir = repo_dir.resolve()
+    clone = task_from_record(record).repos_dir_clone()
+    if clone is not None and clone.resolve() == repo_dir:
+        record.pop("source_dir", None)
+    else:
+        record["source_dir"] = os.path.relpath(repo_dir, out.resolve().parent)
+    return record
+
+
+def mine(repo_dir: str | Path, out: str | Path, **options: Any) -> dict[str, int]:
+    """Mine `repo_dir` into the JSONL file `out` (state in `out`.state.jsonl); returns stage counts.
+    `options` are `mine_outcomes`'s."""
+    return stage_counts(*mine_outcomes(repo_dir, out, **options))
+
+
+def mine_outcomes(
     repo_dir: str | Path, out: str | Path, *, since: str | None = None, until: str | None = None,
     name: str | None = None, install: dict[str, Any] | None = None, runs: int = 3, workers: int = 1,
     limit: int | None = None, on_outcome: Callable[[Outcome], None] | None = None, **limits: Any,
-) -> dict[str, int]:  # fmt: skip
-    """Mine `repo_dir` into the JSONL file `out` (state in `out`.state.jsonl); returns stage counts."""
+) -> tuple[list[Outcome], int]:  # fmt: skip
+    """Mine `repo_dir` into the JSONL file `out` (state in `out`.state.jsonl): (each commit's outcome,
+    oldest first; the number of commits scanned). Outcomes the state file holds under this recipe (or
+    under any, for those decided before tests ran) are not redone."""
     repo_dir, out = Path(repo_dir), Path(out)
     if not (repo_dir / ".git").exists() and not (repo_dir / "HEAD").is_file():
         raise TaskError(f"{repo_dir} is not a git repository")
     if runs < 1 or workers < 1:
         raise EnvError(f"runs and workers must be >= 1, got {runs} and {workers}")
     name = name or repo_name(repo_dir)
-    commits = (
-        candidate_commits(repo_dir, since, until)[-limit:]
-        if limit
-        else candidate_commits(repo_dir, since, until)
-    )
+    install = install or DEFAULT_INSTALL
+    recipe = recipe_key(install)
+    commits = candidate_commits(repo_dir, since, until)
+    commits = commits[-limit:] if limit else commits
     state_path = out.with_name(out.name + ".state.jsonl")
-    done = read_state(state_path)
-    todo = [c for c in commits if c not in done]
+    state = read_state(state_path)
+    done = {c: state.get((c, "")) or state.get((c, recipe)) for c in commits}
+    todo = [c for c in commits if done[c] is None]
     lock = threading.Lock()
 
     def work(commit: str) -> Outcome:
         try:
-            outcome = mine_commit(repo_dir, commit, name=name, install=install or DEFAULT_INSTALL, runs=runs,
-                                  **limits)  # fmt: skip
+            outcome = mine_commit(repo_dir, commit, name=name, install=install, runs=runs, **limits)
         except (EnvError, OSError) as err:  # one commit's failure (a vanished sandbox) ends only it
             outcome = Outcome(commit, "size", f"error: {type(err).__name__}: {err}")
         with lock:
             with state_path.open("a") as f:
-                f.write(json.dumps(outcome.to_json()) + "\n")
+                f.write(json.dumps({**outcome.to_json(), "recipe": recipe}) + "\n")
             done[commit] = outcome
         if on_outcome is not None:
             on_outcome(outcome)
@@ -333,8 +432,9 @@ def mine(
 
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(work, todo))
-    kept = [done[c].record for c in commits if done[c].record is not None]
+    outcomes = [done[c] for c in commits]
+    kept = [portable_record(o.record, repo_dir, out) for o in outcomes if o.record is not None]
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
     tmp.replace(out)
-    return stage_counts([done[c] for c in commits], len(commits))
+    return outcomes, len(commits)

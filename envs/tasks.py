@@ -19,8 +19,9 @@ Each format gets its official defaults where the record leaves them out:
   (`-n0` where it has one), its images `xingyaoww/sweb.eval.x86_64.<id>` (`__` -> `_s_`), 4.x rules.
 
 A task names where its repository comes from: its Docker image, a clone in
-`$JAXSWE_REPOS_DIR/<owner>__<name>` (local backend, per-task images), or the built-in package
-data (`source_dir`, a materialized git repository).
+`$JAXSWE_REPOS_DIR/<owner>__<name>` (local backend, per-task images), `source_dir` (a git
+repository; a relative path is taken from the task file's directory, as mining writes it), or the
+built-in package data (a materialized git repository).
 """
 
 from __future__ import annotations
@@ -433,6 +434,15 @@ def _read_records(path: Path) -> list[Any]:
     return data if isinstance(data, list) else [data]
 
 
+def _source_from(record: Any, base: Path) -> Any:
+    """The record with a relative `source_dir` (a mined task's repository) taken from `base`, the
+    task file's directory."""
+    source = record.get("source_dir") if isinstance(record, dict) else None
+    if isinstance(source, str) and source and not Path(source).is_absolute():
+        return {**record, "source_dir": os.path.normpath(base / source)}
+    return record
+
+
 def load_tasks(path: str | Path) -> list[Task]:
     """Tasks of a .json (a list or one record) / .jsonl file, or `"builtin"` for the built-in suite."""
     if str(path) == "builtin":
@@ -442,7 +452,8 @@ def load_tasks(path: str | Path) -> list[Task]:
         return load_builtin(path)
     if not path.is_file():
         raise TaskError(f"task file {path} does not exist")
-    tasks = [task_from_record(r, i) for i, r in enumerate(_read_records(path))]
+    base = path.resolve().parent
+    tasks = [task_from_record(_source_from(r, base), i) for i, r in enumerate(_read_records(path))]
     seen: set[str] = set()
     for i, t in enumerate(tasks):
         if t.instance_id in seen:

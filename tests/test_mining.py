@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +15,17 @@ from envs.mining import (
     STAGES,
     Outcome,
     _stable,
+    drop_summary,
     environment_commit,
     mine,
+    portable_record,
     pull_request_text,
     split_commit,
     stage_counts,
     statement_problem,
+    strip_trailers,
 )
+from envs.repos import task_source
 from envs.tasks import load_tasks
 from envs.validate import validate_task
 
@@ -40,17 +46,35 @@ def toolz(tmp_path_factory):
 
 
 def test_mine_bounded_range_resumes_and_validates(toolz, tmp_path):
+    """The newest 4 commits up to the fix: three are no task (two change no source+tests, one too
+    much source), the fix is a valid task. A recipe whose test command needs a missing plugin
+    (pytest-cov) keeps nothing, and the terminal says why; the fixed recipe into the same --out
+    re-examines only the commit that depended on it."""
     out = tmp_path / "tasks.jsonl"
+    cov = '{"test_cmd": "pytest -rA --cov"}'
+    argv = [sys.executable, "-m", "jaxswe", "tasks", "mine", str(toolz), "--name", "pytoolz/toolz",
+            "--runs", "1", "--limit", "4", "--out", str(out), "--install", cov]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    summary = [ln for ln in done.stderr.splitlines() if not ln.startswith("tasks mine")]  # past the bar
+    assert done.returncode == 0 and summary[-4:] == [
+        f"jaxswe: 4 commits: 0 valid tasks -> {out}; 4 dropped, by cause:",
+        "     2  does not change both .py tests and .py source",
+        f"     1  gold patch too large (e.g. {_rev(toolz, 'a39cd67')[:10]}: "
+        "gold patch changes 24 files (> 7))",
+        f"     1  tests did not run (e.g. {_rev(toolz, FIX)[:10]}: the test run reported no tests: "
+        "pytest: error: unrecognized arguments: --cov)",
+    ], done.stderr
     seen: list[Outcome] = []
-    # the newest 4 commits up to the fix: three change no source+tests, the fix is a valid task
     counts = mine(toolz, out, name="pytoolz/toolz", install={"test_cmd": "pytest -rA"}, runs=1, limit=4,
                   workers=2, on_outcome=seen.append)  # fmt: skip
-    assert len(seen) == 4 and counts["commits"] == 4 and counts["valid"] == 1, [o.to_json() for o in seen]
+    assert [o.commit[:7] for o in seen] == [FIX] and counts["commits"] == 4 and counts["valid"] == 1, seen
     assert list(counts) == list(STAGES)
     (task,) = load_tasks(out)
     assert task.fail_to_pass == ("toolz/tests/test_itertoolz.py::test_partition_all",)
     assert "toolz/tests/test_itertoolz.py::test_remove" in task.pass_to_pass
     assert task.patch.count("diff --git") == 1 and "toolz/tests/" in task.test_patch
+    # the record names its repository relative to the task file; loaded, it is the clone
+    assert json.loads(out.read_text())["source_dir"] == os.path.relpath(toolz, tmp_path)
     assert task.source_dir == str(toolz.resolve())
     # resumable: a rerun redoes nothing and writes the same tasks
     again: list[Outcome] = []
@@ -60,6 +84,32 @@ def test_mine_bounded_range_resumes_and_validates(toolz, tmp_path):
     # the record validates as written (what `jaxswe tasks validate` runs)
     check = validate_task(task, runs=1)
     assert check.ok and not check.empty_resolved, check.reason
+
+
+def _rev(repo: Path, rev: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", rev], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def test_records_name_their_repository_portably(toolz, tmp_path, monkeypatch):
+    """A clone at `$JAXSWE_REPOS_DIR/<owner>__<name>` is named by the record's repo alone; any other
+    repository by a path relative to the task file (loaded in the main test above)."""
+    record = {"instance_id": "toolz-1", "repo": "pytoolz/toolz", "base_commit": _rev(toolz, f"{FIX}^"),
+              "patch": "", "test_patch": "", "FAIL_TO_PASS": ["t"], "PASS_TO_PASS": [],
+              "source_dir": str(toolz)}  # fmt: skip
+    out = tmp_path / "tasks" / "mined.jsonl"
+    repos = tmp_path / "repos"
+    monkeypatch.setenv("JAXSWE_REPOS_DIR", str(repos))
+    assert portable_record(record, toolz, out)["source_dir"] == os.path.relpath(toolz, out.parent)
+    repos.mkdir()
+    (repos / "pytoolz__toolz").symlink_to(toolz)
+    written = portable_record(record, toolz, out)
+    assert "source_dir" not in written
+    out.parent.mkdir()
+    out.write_text(json.dumps(written) + "\n")
+    (task,) = load_tasks(out)
+    assert task_source(task) == repos / "pytoolz__toolz"
 
 
 def test_split_and_stage_counts(toolz):
@@ -90,12 +140,23 @@ def test_statements_that_are_no_bug_report_or_give_the_fix_away():
     # (cachetools' "Fix #N: ..." messages, docs/tasks.md's spot check)
     features = [
         "Fix #131: Add cache_info() function to @cached decorator",
-        "Fix #256: Deprecate MRUCache class",
         "Fix #357: Convert @cachedmethod decorators to descriptors",
         "Update docs (fixes #12)",
     ]
     for message in features:
         assert "feature or chore" in statement_problem(message, fix, nothing_known), message
+    # conventional-commit features and deprecations, whatever bug words they hold (cachetools 2c0d9f6,
+    # boltons 1b1d378, cachetools 1bfc3c7)
+    features = [
+        "feat: add cached_property with TTL support (closes #354)\n\n- Raises ValueError for ttl <= 0",
+        "feat(strutils): add human_readable_list function to format lists of strings",
+        "feat: deprecate the positional form, which raised TypeError",
+        "Deprecate dummy_threading fallback import",
+        "Fix #256: Deprecate MRUCache class",
+        "Raise a DeprecationWarning on the old error path",
+    ]
+    for message in features:
+        assert "feature or deprecation" in statement_problem(message, fix, nothing_known), message
     for message in (
         "Fix #200: Handle __missing__ not storing cache items",
         "Add a guard against the crash (#7)",
@@ -104,6 +165,32 @@ def test_statements_that_are_no_bug_report_or_give_the_fix_away():
     # the bug-fix test reads the commit message; the leak test reads the statement the agent is shown
     pr_text = "Make strict parsing work: call parse_strict()"
     assert "parse_strict" in statement_problem(pr_text, fix, nothing_known, message="Fix crash (#9)")
+
+
+def test_statements_lose_their_trailers():
+    """boltons ec1ff9f's and c2b04b4's messages (a squash merge's `---` rule), and a Gerrit-style block."""
+    ec1ff9f = ("Fix issupserset typo in _ComplementSet comparisons (#438)\n\n_ComplementSet.__le__ called\n"
+               "set.issupserset.\n\nCo-authored-by: u <u@users.noreply.github.com>")  # fmt: skip
+    assert strip_trailers(ec1ff9f) == ec1ff9f.split("\n\nCo-authored-by")[0]
+    c2b04b4 = ("fix: make copy_function work with keyword-only defaults (#336)\n\n* move kwdefaults test\n\n"
+               "---------\n\nCo-authored-by: Mahmoud Hashemi <mahmoud@hatnote.com>")  # fmt: skip
+    assert strip_trailers(c2b04b4) == c2b04b4.split("\n\n---")[0]
+    gerrit = (
+        "Fix x\n\nThe body.\nSigned-off-by: A <a@b>\n\nChange-Id: I12ab\nReviewed-on: https://r/1\nBug: 7"
+    )
+    assert strip_trailers(gerrit) == "Fix x\n\nThe body."
+    assert strip_trailers("Fix: crash on empty input") == "Fix: crash on empty input"  # the summary stays
+
+
+def test_drop_summary_is_one_line_per_cause():
+    outcomes = [Outcome("a" * 40, "commits", "does not change both .py tests and .py source"),
+                Outcome("b" * 40, "bug fix, no leak", "tests did not run: No module named 'hypothesis'"),
+                Outcome("c" * 40, "bug fix, no leak", "tests did not run: No module named 'numpy'"),
+                Outcome("d" * 40, "valid", "", {"instance_id": "x"})]  # fmt: skip
+    assert drop_summary(outcomes) == [
+        "     2  tests did not run (e.g. cccccccccc: No module named 'numpy')",
+        "     1  does not change both .py tests and .py source",
+    ]
 
 
 def test_statement_from_the_pull_request_and_environment_from_the_tasks_own_commit(toolz):

@@ -130,10 +130,11 @@ def mine(
     ),
 ) -> None:
     """Tasks from a git history: commits changing source and tests, FAIL_TO_PASS/PASS_TO_PASS from
-    runs before and after, the paper's filters, validated. Resumes from --out's .state.jsonl."""
+    runs before and after, the paper's filters, validated. Resumes from --out's .state.jsonl (a
+    different --install re-examines the commits whose outcome depended on the recipe). Why commits
+    were dropped is summarized on stderr, one line per cause."""
     from envs.errors import TaskError
-    from envs.mining import candidate_commits
-    from envs.mining import mine as mine_repo
+    from envs.mining import candidate_commits, drop_summary, mine_outcomes, stage_counts
 
     if not repo.is_dir():
         raise UserError(f"{repo} is not a directory")
@@ -158,13 +159,19 @@ def mine(
             bar.update(1, valid=kept)
 
         try:
-            counts = mine_repo(
+            outcomes, scanned = mine_outcomes(
                 repo, out, since=since, until=until, name=name, install=recipe, runs=runs, workers=workers,
                 limit=limit, on_outcome=progress, test_timeout=timeout,
             )  # fmt: skip
         except TaskError as err:
             raise UserError(str(err)) from None
-    print(json.dumps({"stages": counts, "out": str(out)}))
+    valid = sum(o.record is not None for o in outcomes)
+    dropped = drop_summary(outcomes)
+    print(f"jaxswe: {scanned} commits: {valid} valid task{'s' * (valid != 1)} -> {out}"
+          + (f"; {scanned - valid} dropped, by cause:" if dropped else ""), file=sys.stderr)  # fmt: skip
+    for line in dropped:
+        print(line, file=sys.stderr)
+    print(json.dumps({"stages": stage_counts(outcomes, scanned), "out": str(out)}))
 
 
 def register(app: typer.Typer) -> None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import configparser
 import functools
+import hashlib
 import json
 import random
 import re
@@ -67,13 +68,16 @@ from envs.parsers import (
     status_of,
 )
 from envs.patches import IMPORTABLE_SUFFIXES, PatchError, check_git_sections, is_protected, patch_files
+from envs.repos import cache_dir
 from envs.sandbox import Sandbox
 from envs.tasks import Task
+from envs.twins import Twin, added_lines, make_twins, twin_patch
 
 DEFAULT_TEST_TIMEOUT_S = 600.0  # one whole test run
 DEFAULT_CASE_TIMEOUT_S = 120.0  # one test's call phase (pytest)
 REPORT_LIMIT = 16 << 20  # bytes of the grader's report read back at most (a longer one is not read)
 FORGED = "forged result"
+NO_TWIN = "no validated twin: the grade rests on its canaries alone"
 _PYTEST_RE = re.compile(r"^\s*(?:\w+=\S*\s+)*(?P<py>python3?\s+-m\s+pytest|pytest)(?:\s|$)")
 _PLUGIN_SOURCE = Path(__file__).with_name("grader_plugin.py")
 _FILE_STATUS_RE = re.compile(r"\s+\[(?:OK|FAIL)\]$", re.M)
@@ -402,13 +406,19 @@ def _test_status(phases: dict[str, str]) -> str:
     return status
 
 
-_STARTED: set[tuple] = set()  # (sandbox kind, its environment, task): the runner started there once
+_STARTED: set[tuple] = set()  # (backend, task, command, recipe): the runner started there once
 
 
-def _preflight(sandbox: Sandbox, task: Task, private: str) -> GradeResult | None:
-    """On the clean base, before the patch: the runner starts, loads the grader's plugin and takes
-    the config's options (`--help` loads every plugin), else the test command cannot start. The
-    clean base is the same for every sandbox of a task, so a start is checked once per process."""
+def _start_key(task: Task, backend: str) -> tuple:
+    """What decides whether the runner starts on a task's clean base (so it is checked once)."""
+    recipe = json.dumps(task.install, sort_keys=True, default=str)
+    return backend, task.instance_id, task.base_commit, task.workdir, hash((task.test_command, recipe))
+
+
+def _preflight(sandbox: Sandbox, task: Task, private: str, check: bool) -> GradeResult | None:
+    """Write the grader's files; with `check`, on the clean base, before the patch: the runner
+    starts, loads the grader's plugin and takes the config's options (`--help` loads every plugin,
+    writing no bytecode), else the test command cannot start (an infrastructure failure)."""
     files = {
         "pytest.ini": "[pytest]\n",
         "jaxswe_grader.py": _PLUGIN_SOURCE.read_text(),
@@ -422,18 +432,15 @@ def _preflight(sandbox: Sandbox, task: Task, private: str) -> GradeResult | None
     if written.exit_code != 0:
         raise SandboxError(f"cannot write the grader's files: {written.output.strip()[-300:]}")
     command, env = build_test_command(task, private, _config_file(sandbox))
-    where = getattr(sandbox, "image", None) or getattr(sandbox, "ro_binds", None)
-    recipe = json.dumps(task.install, sort_keys=True, default=str)
-    key = (type(sandbox).__name__, str(where), task.instance_id, task.base_commit,
-           hash((task.test_patch, task.test_command, recipe)))  # fmt: skip
-    if not env or key in _STARTED:
+    if not env or not check:
         return None
-    run = sandbox.exec(_env_prefix(env, private) + command + " --help", timeout=300)
+    run = sandbox.exec(
+        "PYTHONDONTWRITEBYTECODE=1 " + _env_prefix(env, private) + command + " --help", timeout=300
+    )
     report = f"{private}/report.jsonl"  # read twice: one slow read under load is not a broken runner
     started = parse_report(_read(sandbox, report)).started or parse_report(_read(sandbox, report)).started
     sandbox.exec(f"rm -f {report}", timeout=30)
     if started and run.exit_code == 0:
-        _STARTED.add(key)
         return None
     tail = run.output.strip().splitlines()[-1:] or [""]
     return GradeResult(False, {}, run.output, f"{_NOT_STARTED}: exit {run.exit_code}: {tail[0][-300:]}",
@@ -502,15 +509,17 @@ def _forged(canaries: list[Canary], tests: dict[str, str], broken_files: set[str
 
 def grade_in(
     sandbox: Sandbox, task: Task, patch: str, *, test_timeout: float = DEFAULT_TEST_TIMEOUT_S,
-    case_timeout: float = DEFAULT_CASE_TIMEOUT_S,
+    case_timeout: float = DEFAULT_CASE_TIMEOUT_S, preflight: bool = True,
 ) -> GradeResult:  # fmt: skip
     """Grade `patch` (a diff against the sandbox's start state) in `sandbox`, which must be fresh at
-    the task's clean state; protected paths go back to that state, a task image's own edits kept."""
+    the task's clean state; protected paths go back to that state, a task image's own edits kept.
+    `preflight`: check first that the runner starts on the clean base."""
     dropped: list[str] = []
     flags: tuple[str, ...] = ()
     private = f"/tmp/jaxswe-grader-{uuid.uuid4().hex}"
     start = _start_tree(sandbox)
-    if _via_plugin(task.test_command) and (failed := _preflight(sandbox, task, private)) is not None:
+    plugin = _via_plugin(task.test_command)
+    if plugin and (failed := _preflight(sandbox, task, private, preflight)) is not None:
         return failed
     if patch.strip():
         try:
@@ -617,22 +626,50 @@ _GOLD_UNCOLLECTED: dict[tuple, tuple[str, ...]] = {}  # (task, backend) -> the f
 
 
 def grade(task: Task, patch: str, backend: str = "local", *, test_timeout: float = DEFAULT_TEST_TIMEOUT_S,
-          case_timeout: float = DEFAULT_CASE_TIMEOUT_S, **limits: Any) -> GradeResult:  # fmt: skip
+          case_timeout: float = DEFAULT_CASE_TIMEOUT_S, twins: bool = True,
+          **limits: Any) -> GradeResult:  # fmt: skip
     """Grade `patch` for `task` in a fresh sandbox of `backend` (see the module docstring). A
     sandbox that fails (cannot start, dies) is an infrastructure failure (`error`), not an exception.
     Graded test files that do not collect are the patch's failure unless they do not collect with the
-    gold patch either (the task environment is broken: `error`; gold's outcome is cached per process)."""
+    gold patch either (the task environment is broken: `error`; gold's outcome is cached per process).
+    A grade that would pay is confirmed by the twin run (`twins`; envs.twins): the same patch in a
+    fresh sandbox with the task's perturbed twins in place of its FAIL_TO_PASS tests, which must fail."""
+    key = _start_key(task, backend)
+    check = key not in _STARTED  # decided once, so the twin run starts exactly as the first run did
 
-    def run(p: str) -> GradeResult:
+    def run(p: str, t: Task = task) -> GradeResult:
         try:
-            with open_sandbox(task, backend, **dict(limits)) as sandbox:
-                return grade_in(sandbox, task, p, test_timeout=test_timeout, case_timeout=case_timeout)
+            with open_sandbox(t, backend, **dict(limits)) as sandbox:
+                return grade_in(sandbox, t, p, test_timeout=test_timeout, case_timeout=case_timeout,
+                                preflight=check)  # fmt: skip
         except (SandboxError, EngineError) as err:  # EngineError: a Docker engine of the pool died
             return GradeResult(False, {}, "", f"sandbox failure: {err}", error=True)
 
     result = run(patch)
-    if result.error or not result.uncollected:
+    if not (result.error and result.reason.startswith(_NOT_STARTED)):
+        _STARTED.add(key)
+    if result.uncollected and not result.error:
+        result = _uncollected(task, patch, backend, result, run)
+    if not result.resolved or not twins:
         return result
+    made = task.twins if task.twins is not None else checked_twins(task, backend, **limits)
+    if not made:
+        return replace(result, notes=(*result.notes, NO_TWIN))
+    twin = run(patch, replace(task, test_patch=twin_patch(task.test_patch, made), twins=()))
+    if twin.error:
+        return replace(result, resolved=False, error=True, reason=f"the twin run failed: {twin.reason}")
+    passed = [t for tw in made for t in tw.tests if status_of(t, twin.tests, task.rules) in PASSING]
+    if passed or twin.tamper:
+        why = (f"{FORGED}: the twin of {passed[0]} (its expected behaviour changed) passed as well"
+               if passed else f"{FORGED} in the twin run: {twin.reason}")  # fmt: skip
+        return replace(result, resolved=False, reason=why, tamper=(FORGED,), log=result.log + twin.log)
+    perturbed = sum(len(tw.tests) for tw in made)
+    note = f"twin run: {perturbed} perturbed FAIL_TO_PASS tests failed, as a real fix's do"
+    return replace(result, notes=(*result.notes, note))
+
+
+def _uncollected(task: Task, patch: str, backend: str, result: GradeResult, run: Any) -> GradeResult:
+    """`result` as an infrastructure failure where gold cannot collect the same graded files."""
     key = (
         task.instance_id,
         task.base_commit,
@@ -653,3 +690,73 @@ def grade(task: Task, patch: str, backend: str = "local", *, test_timeout: float
     )
     why = f"the task environment cannot collect {broken[0]}, even with the gold patch: {lines[-1][-300:]}"
     return replace(result, resolved=False, error=True, reason=why)
+
+
+_TWINS: dict[tuple, tuple[Twin, ...]] = {}  # checked twins per (backend, task), this process
+
+
+def checked_twins(task: Task, backend: str = "local", *, rounds: int = 3, **limits: Any) -> tuple[Twin, ...]:
+    """The task's perturbed twins (envs.twins) that the gold patch fails at the perturbed check and
+    the unpatched base fails as well, one per FAIL_TO_PASS test function where one exists (up to
+    `rounds` candidates each), cached per process and in `$JAXSWE_CACHE_DIR/twins`."""
+    key = [
+        task.instance_id,
+        task.base_commit,
+        task.patch,
+        task.test_patch,
+        task.test_command,
+        task.fail_to_pass,
+    ]
+    digest = hashlib.sha256(json.dumps([*key, backend]).encode()).hexdigest()[:32]
+    cache = cache_dir() / "twins" / f"{digest}.json"
+    if digest in _TWINS:
+        return _TWINS[digest]
+    if cache.is_file():
+        _TWINS[digest] = tuple(Twin.from_json(t) for t in json.loads(cache.read_text()))
+        return _TWINS[digest]
+    try:
+        with open_sandbox(task, backend, **dict(limits)) as sandbox:
+            applied, _, log = _apply_test_patch(sandbox, task.test_patch, _start_tree(sandbox))
+            sources = {f: _read(sandbox, f) for f in added_lines(task.test_patch)} if applied else {}
+    except (SandboxError, EngineError):
+        return ()
+    kept: list[Twin] = []
+    pending = set(task.fail_to_pass)
+    for skip in range(rounds):
+        trial = tuple(t for t in make_twins(task, sources, skip=skip) if set(t.tests) <= pending)
+        if not trial:
+            break
+        twinned = replace(task, test_patch=twin_patch(task.test_patch, trial), twins=())
+        gold = grade(twinned, task.patch, backend, twins=False, **limits)
+        base = grade(twinned, "", backend, twins=False, **limits)
+        if gold.error or base.error:
+            return ()  # not cached: the environment failed, not the twins
+        for twin in trial:
+            if all(_fails_at(twin, t, gold, task.rules) for t in twin.tests) and not any(
+                status_of(t, base.tests, task.rules) in PASSING for t in twin.tests
+            ):
+                kept.append(twin)
+                pending -= set(twin.tests)
+    _TWINS[digest] = tuple(kept)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(f".{uuid.uuid4().hex}.tmp")
+    tmp.write_text(json.dumps([t.to_json() for t in kept]))
+    tmp.replace(cache)
+    return _TWINS[digest]
+
+
+def _fails_at(twin: Twin, test: str, result: GradeResult, rules: str) -> bool:
+    """Whether `test` failed at the twin's perturbed check in `result`: an AssertionError raised in
+    the test file (the original passes under the same patch, and the two differ only at that check),
+    or for an exception twin the original exception escaping; a runner without messages
+    (log-parsed) must report a failure (an error: the escaping exception of an exception twin)."""
+    status = status_of(test, result.tests, rules)
+    message = result.messages.get(test)
+    if message is None:  # unittest-style runners report an escaping exception as an error
+        return status == FAILED or (status == ERROR and twin.kind == "exception")
+    if status != FAILED:
+        return False
+    last = (message.strip().splitlines() or [""])[-1].rstrip()
+    if twin.kind == "exception":
+        return bool(re.search(rf"\b{re.escape(twin.old)}$", last))
+    return bool(re.fullmatch(rf"{re.escape(twin.file)}:\d+: AssertionError", last))

@@ -39,6 +39,7 @@ from envs.builtin import BUILTIN_DIR, builtin_source, materialize
 from envs.errors import TaskError
 from envs.parsers import PARSERS, STATUSES, parser_name_for_repo
 from envs.patches import patch_files
+from envs.twins import Twin
 
 # sources a build step compiles: a fix to them needs the post-patch reinstall (recipe_problem)
 _COMPILED_SUFFIXES = (".pyx", ".pxd", ".pxi", ".c", ".cc", ".cpp", ".cxx", ".h", ".hpp", ".f", ".f90", ".rs")
@@ -101,6 +102,9 @@ class Task:
     # each graded test's status under the gold patch, recorded at validation (envs.validate); with
     # it, XFAIL and SKIPPED count as passing only where gold had them (envs.parsers)
     reference_statuses: dict[str, str] = field(default_factory=dict, hash=False)
+    # the validated perturbed twins of its FAIL_TO_PASS tests (envs.twins); None: not made yet (a
+    # paying grade makes and checks them once), (): none could be made or validated
+    twins: tuple[Twin, ...] | None = field(default=None, compare=False, hash=False)
     source_dir: str | None = field(default=None, compare=False)  # a git repo holding base_commit (built-in)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -188,6 +192,8 @@ class Task:
                 "reference_statuses": dict(self.reference_statuses),
             }
         )
+        if self.twins is not None:
+            record["twins"] = [t.to_json() for t in self.twins]
         if self.source_dir is not None and not self.repo.startswith("builtin/"):
             record["source_dir"] = self.source_dir
         return record
@@ -390,6 +396,12 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
         raise _fail(
             index, record, "reference_statuses", f"must map test ids to statuses ({', '.join(STATUSES)})"
         )
+    twins = record.get("twins")
+    if twins is not None:
+        try:
+            twins = tuple(Twin.from_json(t) for t in _json_field(index, record, "twins", twins, (list,)))
+        except (KeyError, TypeError, ValueError) as err:
+            raise _fail(index, record, "twins", f"must be a list of twins (envs.twins.Twin): {err}") from None
     return Task(
         instance_id=record["instance_id"],
         repo=record["repo"],
@@ -411,6 +423,7 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
         env_commit=_str_field(index, record, "env_commit")
         or _str_field(index, record, "environment_setup_commit"),
         reference_statuses=reference,
+        twins=twins,
         source_dir=source_dir,
         raw=dict(record),
     )

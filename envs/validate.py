@@ -2,7 +2,8 @@
 paper's filters (<= 7 files and < 500 lines changed, not flaky, failing tests that do not fail
 with ImportError/AttributeError). A valid task's gold statuses are its reference statuses
 (`Validation.reference_statuses`; `filter_tasks` and mining store them with the task); a task that
-has them must still get them from its gold run."""
+has them must still get them from its gold run. Validation also makes the task's perturbed twins
+(envs.twins, checked by envs.grading.checked_twins) and stores the ones gold and the base fail."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from envs.errors import EnvError
-from envs.grading import GradeResult, grade
+from envs.grading import GradeResult, checked_twins, grade
 from envs.parsers import status_of
 from envs.patches import changed_lines, patch_files
 from envs.tasks import Task
+from envs.twins import Twin
 
 _NAME_ERROR_RE = re.compile(r"\b(ImportError|ModuleNotFoundError|AttributeError)\b")
 
@@ -39,9 +41,12 @@ class Validation:
     # reference statuses to store with the task (envs.tasks.Task.reference_statuses)
     reference_statuses: dict[str, str] = field(default_factory=dict)
     infrastructure: bool = False  # the task's environment failed (cannot start or collect), not its patches
+    # the perturbed twins gold fails and the base fails (envs.twins), to store with the task
+    twins: tuple[Twin, ...] = ()
+    twin_coverage: float = 0.0  # the fraction of FAIL_TO_PASS tests that have one
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "twins": [t.to_json() for t in self.twins]}
 
 
 def _name_error(result: GradeResult) -> bool:
@@ -80,11 +85,22 @@ def validate_task(task: Task, *, runs: int = 1, backend: str = "local", **limits
         )
     else:
         reason = ""
+    twins = () if reason else task.twins if task.twins is not None else checked_twins(task, backend, **limits)
+    covered = {t for twin in twins for t in twin.tests}
     return Validation(
         task.instance_id, not reason, reason or "ok", tuple(g.resolved for g in golds), empty.resolved, flaky,
         flaky_tests, _name_error(empty), time.monotonic() - start, reference if not reason else {},
-        infrastructure,
+        infrastructure, twins, len(covered) / len(task.fail_to_pass),
     )  # fmt: skip
+
+
+def with_validation(task: Task, check: Validation) -> Task:
+    """`task` carrying what a passed validation found: its reference statuses and its twins."""
+    if not check.ok:
+        return task
+    return replace(
+        task, reference_statuses=check.reference_statuses or task.reference_statuses, twins=check.twins
+    )
 
 
 def static_reject(task: Task, *, max_files: int = 7, max_lines: int = 500) -> str:
@@ -116,15 +132,14 @@ def filter_tasks(
             checks = list(
                 pool.map(lambda t: validate_task(t, runs=runs, backend=backend, **limits), candidates)
             )
-        references = {}
+        checked = {}
         for t, v in zip(candidates, checks, strict=True):
             if not v.ok:
                 dropped[t.instance_id] = v.reason
             elif v.import_or_attribute_error:
                 dropped[t.instance_id] = "failing tests fail with ImportError/AttributeError before the fix"
-            references[t.instance_id] = v.reference_statuses
-        tasks = [replace(t, reference_statuses=references.get(t.instance_id) or t.reference_statuses)
-                 for t in tasks]  # fmt: skip
+            checked[t.instance_id] = v
+        tasks = [with_validation(t, checked[t.instance_id]) if t.instance_id in checked else t for t in tasks]
     return [t for t in tasks if t.instance_id not in dropped], dropped
 
 

@@ -38,39 +38,42 @@ class ModelSection(Section):
     path: str | None = None  # Hugging Face directory or Orbax checkpoint; None with `preset`
     preset: str | None = None  # a named shape from jaxswe.model presets (random init)
     tokenizer: str | None = None  # directory with tokenizer files; defaults to `path`
-    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"  # compute dtype of the forward and backward passes
+    # dtype the master weights and optimizer state are kept in
     param_dtype: Literal["float32", "bfloat16"] = "float32"
+    # activation recomputation in the backward pass (memory for compute)
     remat: Literal["none", "full", "save_projections"] = "full"
     # auto (fused Pallas on NVIDIA GPUs, else blockwise) | blockwise | pallas | dense | cudnn; used
     # by the train step, the recompute pass and the embedded engine (see docs/guide.md)
     attention: Literal["auto", "blockwise", "pallas", "dense", "cudnn"] = "auto"
-    attention_block: int = Field(512, gt=0)
+    attention_block: int = Field(512, gt=0)  # block length of blockwise / Pallas attention
     logprob_chunk: int = Field(1024, gt=0)  # ~ logprob_chunk x vocab float32 logits per device at a time
-    max_context: int = Field(65536, gt=0)
+    max_context: int = Field(65536, gt=0)  # longest sequence the model serves and trains on (tokens)
     rope_scaling: dict[str, Any] | None = None  # e.g. {rope_type: yarn, factor: 4.0, ...}
     overrides: dict[str, Any] = Field(default_factory=dict)  # Qwen2Config fields over `preset`
-    seed: int = 0
+    seed: int = 0  # random init's seed (with `preset`)
 
 
 class OptimizerSection(Section):
     """AdamW with warm-up, cosine-to-zero (or constant) schedule and global-norm clipping."""
 
-    lr: float = Field(1e-6, gt=0)
-    b1: float = Field(0.9, ge=0, lt=1)
-    b2: float = Field(0.999, ge=0, lt=1)
-    eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.1, ge=0)
+    lr: float = Field(1e-6, gt=0)  # peak learning rate
+    b1: float = Field(0.9, ge=0, lt=1)  # AdamW beta1
+    b2: float = Field(0.999, ge=0, lt=1)  # AdamW beta2
+    eps: float = Field(1e-8, gt=0)  # AdamW epsilon
+    weight_decay: float = Field(0.1, ge=0)  # AdamW decoupled weight decay (see decay_skip)
     # groups exempt from weight decay. Default: RMSNorm scales and q/k/v biases, as Megatron-LM and
     # the transformers Trainer do (decay pulls a norm scale toward 0, i.e. shrinks activations, and
     # regularizes nothing); embeddings are decayed like any matrix unless "embeddings" is listed.
     decay_skip: list[Literal["norms", "biases", "embeddings"]] = Field(
         default_factory=lambda: ["norms", "biases"]
     )
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0)  # linear warm-up from 0 over this many optimizer steps
+    # after warm-up: constant, or cosine to 0 at total_steps
     schedule: Literal["cosine", "constant"] = "constant"
     total_steps: int | None = Field(None, gt=0)  # required for cosine
-    grad_clip: float | None = Field(1.0, gt=0)
-    micro_batches: int = Field(1, gt=0)
+    grad_clip: float | None = Field(1.0, gt=0)  # global-norm gradient clipping; None: off
+    micro_batches: int = Field(1, gt=0)  # gradient accumulation: micro-batches per optimizer step
     # Token-budget batching: rows per row shard in one micro-batch; the micro-batch count then
     # follows each step's packed row count instead of `micro_batches`.
     micro_batch_rows: int | None = Field(None, gt=0)
@@ -88,14 +91,16 @@ class OptimizerSection(Section):
 class MeshSection(Section):
     """Device mesh axis sizes (-1 takes the remaining devices) and logical-axis rules."""
 
+    # mesh axis sizes (data, fsdp, context, tensor); -1 takes the remaining devices
     axes: dict[str, int] = Field(default_factory=lambda: {"data": 1, "fsdp": -1, "context": 1, "tensor": 1})
     # one process only: the trainer's mesh spans this many of its first devices (None: all). On GPUs
     # give the trainer its GPUs with CUDA_VISIBLE_DEVICES instead: JAX claims memory on every GPU it sees
     devices: int | None = Field(None, gt=0)
     rules: dict[str, str | list[str] | None] | None = None  # logical name -> mesh axis; None = defaults
+    # attention across the context axis: ring (blocks passed round) or all-gather
     context_attention: Literal["ring", "allgather"] = "ring"
-    gpu_memory_gb: float = Field(141.0, gt=0)
-    num_hosts: int = Field(1, gt=0)
+    gpu_memory_gb: float = Field(141.0, gt=0)  # GPU memory per device, for `jaxswe plan` (H200: 141)
+    num_hosts: int = Field(1, gt=0)  # hosts of the job, for `jaxswe plan` and memory estimates
     devices_per_host: int = Field(8, gt=0)  # GPUs per host; `jaxswe plan` sizes -1 axes with it
     memory_headroom: float = Field(0.1, ge=0, lt=1)  # fraction of GPU memory kept free by the planner
     peak_tflops: float = Field(989.0, gt=0)  # dense bf16 peak per GPU (H200), for step-time estimates
@@ -105,26 +110,27 @@ class MeshSection(Section):
 class RolloutSection(Section):
     """Rollout engine and sampling. RL sampling must be unbiased unless `allow_biased_sampling`."""
 
+    # embedded (in-process JAX sampler), http (running servers at urls), sglang (launched)
     engine: Literal["embedded", "http", "sglang"] = "embedded"
     urls: list[str] = Field(default_factory=list)  # http: every worker (weight updates, flushes, health)
     router: str | None = None  # sglang-router URL: generation goes there, control to each of `urls`
     export_dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"  # weights handed to servers
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # embedded server's address
     port: int = Field(30000, ge=0, lt=65536)  # embedded server port; 0 picks a free one
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = -1
-    min_p: float = Field(0.0, ge=0, le=1)
-    max_new_tokens: int = Field(1024, gt=0)
-    allow_biased_sampling: bool = False
-    request_timeout_s: float = Field(600.0, gt=0)
-    max_retries: int = Field(3, ge=0)
-    max_batch: int = Field(16, gt=0)
+    temperature: float = Field(1.0, ge=0)  # sampling temperature of training rollouts (eval has its own)
+    top_p: float = Field(1.0, gt=0, le=1)  # nucleus sampling; RL needs 1.0 unless allow_biased_sampling
+    top_k: int = -1  # top-k sampling, -1 off; RL needs -1 unless allow_biased_sampling
+    min_p: float = Field(0.0, ge=0, le=1)  # min-p sampling, 0 off; RL needs 0 unless allow_biased_sampling
+    max_new_tokens: int = Field(1024, gt=0)  # most tokens one model turn may generate
+    allow_biased_sampling: bool = False  # let RL sample with top_p/top_k/min_p (biased gradients)
+    request_timeout_s: float = Field(600.0, gt=0)  # seconds one generation request may take
+    max_retries: int = Field(3, ge=0)  # retries of a failed generation request (with backoff)
+    max_batch: int = Field(16, gt=0)  # embedded engine: most requests batched into one forward pass
     tensor_parallel: int = Field(1, gt=0)  # sglang launcher
     mem_fraction: float = Field(0.85, gt=0, le=1)  # sglang launcher
     # sglang launcher: --enable-deterministic-inference, without which SGLang ignores sampling seeds
     deterministic_inference: bool = True
-    seed: int = 0
+    seed: int = 0  # base of the per-request sampling seeds
 
 
 class DockerHostSection(Section):
@@ -133,10 +139,10 @@ class DockerHostSection(Section):
     url: str = "default"  # unix:///path, tcp://host:2376 (TLS below), ssh://user@host, or "default"
     capacity: int = Field(8, gt=0)  # the most sandboxes this trainer process keeps on it at once
     name: str = ""  # shown in messages and metrics; default: the URL
-    tls_verify: bool = True
+    tls_verify: bool = True  # tcp://: verify the engine's certificate
     tls_ca: str | None = None  # tcp:// with TLS: the CA that signed the engine's certificate
     tls_cert: str | None = None  # client certificate and key (the engine's --tlsverify)
-    tls_key: str | None = None
+    tls_key: str | None = None  # the client key for tls_cert
 
     @model_validator(mode="before")
     @classmethod
@@ -155,19 +161,21 @@ class EnvSection(Section):
 
     tasks: str = "builtin"  # "builtin", a JSON/JSONL path, or "toy" (the RL smoke test, jaxswe/stages/toy.py)
     eval_tasks: str | None = None  # defaults to `tasks`
+    # where task commands run: local (bubblewrap sandbox + task venv) or docker
     backend: Literal["local", "docker"] = "local"
-    command_timeout_s: float = Field(60.0, gt=0)
+    command_timeout_s: float = Field(60.0, gt=0)  # seconds one agent command may run
     test_timeout_s: float = Field(600.0, gt=0)  # grading: one whole test run
     test_case_timeout_s: float = Field(120.0, gt=0)  # grading: one test's call phase (pytest)
+    # a command's output shown to the model is cut to this many characters
     output_limit_chars: int = Field(8000, gt=0)
-    max_parallel: int = Field(8, gt=0)
-    memory_limit: str = "2g"
+    max_parallel: int = Field(8, gt=0)  # episodes (sandboxes) run at once
+    memory_limit: str = "2g"  # docker: memory limit per sandbox
     # backend docker: the engines sandboxes are placed on (least loaded with a free slot; dead ones
     # skipped until they answer again). Empty: the one engine of DOCKER_HOST, no pool.
     docker_hosts: list[DockerHostSection] = Field(default_factory=list)
     docker_health_interval_s: float = Field(10.0, gt=0)  # how often each engine is pinged
-    cpu_limit: float = Field(0.5, gt=0)
-    pids_limit: int = Field(256, gt=0)
+    cpu_limit: float = Field(0.5, gt=0)  # docker: CPUs per sandbox
+    pids_limit: int = Field(256, gt=0)  # docker: processes per sandbox
     allow_unisolated: bool = False  # run model commands on the host when bwrap is missing (local)
     toy_values: int = Field(2, ge=2, le=100)  # tasks "toy": the key's possible values
     toy_tasks: int = Field(16, gt=0)  # tasks "toy": task ids in the pool
@@ -177,9 +185,10 @@ class AgentSection(Section):
     """The scaffold: prompts and episode limits."""
 
     prompts: str = "default"  # a name in jaxswe/prompts or a YAML path
-    max_turns: int = Field(40, gt=0)
+    max_turns: int = Field(40, gt=0)  # an episode ends after this many model turns
+    # an episode ends when its context would exceed this many tokens
     max_context_tokens: int = Field(65536, gt=0)
-    window_lines: int = Field(100, gt=0)
+    window_lines: int = Field(100, gt=0)  # lines the file viewer shows at once
     demonstration: bool = False  # one-shot demo in the prompt (first RFT round only)
     # the paper trains without it: episodes keep the demo-free prompt unless this is set
     demonstration_in_trained_prompt: bool = False
@@ -188,7 +197,7 @@ class AgentSection(Section):
 class SFTSection(Section):
     """Supervised training on trajectories (warm start and RFT)."""
 
-    epochs: float = Field(1.0, gt=0)
+    epochs: float = Field(1.0, gt=0)  # passes over the trajectories (a fraction: part of one)
     batch_size: int = Field(64, gt=0)  # trajectories per optimizer step
     max_steps: int | None = Field(None, gt=0)  # cap; the paper's RFT "50 steps" is max_steps: 50
     seq_len: int = Field(65536, gt=0)  # packed row length
@@ -199,9 +208,9 @@ class WarmStartSection(Section):
     """Stand-in for a pretrained base model in the CPU demo: a tokenizer trained on the tasks' texts,
     a small random model, and SFT on scripted gold-command demonstrations run through the agent loop."""
 
-    steps: int = Field(200, gt=0)
-    batch_size: int = Field(8, gt=0)
-    lr: float = Field(3e-3, gt=0)
+    steps: int = Field(200, gt=0)  # SFT steps on the demonstrations
+    batch_size: int = Field(8, gt=0)  # demonstrations per SFT step
+    lr: float = Field(3e-3, gt=0)  # the warm start's learning rate
     vocab_size: int = Field(1024, gt=0)  # tokenizer built when model.tokenizer is not set
     model_overrides: dict[str, Any] = Field(default_factory=dict)  # Qwen2Config fields over model.preset
     # also SFT on a decoy of each demonstration (the same edits writing back the old lines, then
@@ -212,37 +221,42 @@ class WarmStartSection(Section):
 class RFTSection(Section):
     """Rejection fine-tuning: sample N per task, keep resolved, SFT."""
 
-    samples_per_task: int = Field(10, gt=0)
+    samples_per_task: int = Field(10, gt=0)  # episodes sampled per task; the resolved ones are fine-tuned on
     lr: float | None = Field(None, gt=0)  # SFT learning rate; defaults to optimizer.lr
 
 
 class RLSection(Section):
     """DAPO RL: synchronous (max_staleness 0, the paper's) or with bounded staleness."""
 
-    iterations: int = Field(10, gt=0)
-    problems_per_iteration: int = Field(300, gt=0)
-    group_size: int = Field(10, ge=2)
+    iterations: int = Field(10, gt=0)  # RL iterations (each: sample, grade, train)
+    problems_per_iteration: int = Field(300, gt=0)  # tasks sampled per iteration
+    group_size: int = Field(10, ge=2)  # episodes per task per iteration (a group; advantages within it)
+    # trajectories per optimizer step (an iteration takes several)
     trajectories_per_step: int = Field(128, gt=0)
-    eps_low: float = Field(0.2, ge=0, lt=1)
-    eps_high: float = Field(0.28, ge=0)
+    eps_low: float = Field(0.2, ge=0, lt=1)  # DAPO's lower clip range of the importance ratio
+    eps_high: float = Field(0.28, ge=0)  # DAPO's upper clip range (clip-higher)
+    # episodes of this many turns or more get the paper's length penalty
     turn_penalty_threshold: int = Field(10, gt=0)
+    # DAPO dynamic sampling: draw new groups for those whose rewards are all equal
     resample_to_fill: bool = False
+    # with resample_to_fill: at most this many extra rounds per iteration
     max_resample_rounds: int = Field(0, ge=0)
     # Orbax checkpoint every N iterations (and after the last); written in the background
     checkpoint_every: int = Field(1, gt=0)
+    # solved_fraction: RL stage 2's filter by the tasks' solve rates (history_from)
     task_filter: Literal["none", "solved_fraction"] = "none"
     drop_solved_fraction: float | str = (
         "2/3"  # exact: "2/3" or a number (nearest fraction, denominator <= 100)
     )
-    drop_never_solved: bool = True
+    drop_never_solved: bool = True  # solved_fraction filter: also drop tasks never solved
     history_from: str | None = None  # run dir whose success history feeds the task filter
     # token-level truncated importance sampling (rollout vs trainer); None: on when max_staleness > 0
     tis_correction: bool | None = None
-    tis_cap: float = Field(2.0, gt=0)
+    tis_cap: float = Field(2.0, gt=0)  # truncated importance sampling: the ratio's cap
     # off-policy masking (losses.off_policy_weights): drop a trajectory whose sequence ("sequence")
     # or geometric-mean ("geometric") trainer/rollout ratio is outside [1/threshold, threshold]
     sequence_mask: Literal["none", "sequence", "geometric"] = "none"
-    mask_threshold: float = Field(2.0, gt=1)
+    mask_threshold: float = Field(2.0, gt=1)  # sequence_mask: the ratio bound
     # async RL (jaxswe.rl.pump): groups are sampled up to this many policy versions ahead of the
     # trainer; 0 = the paper's synchronous loop
     max_staleness: int = Field(0, ge=0)
@@ -252,9 +266,10 @@ class RLSection(Section):
     # sampling-bias alarm (jaxswe.rollout.bias): fires when trained tokens are this many nats/token
     # less surprising than the trainer's entropy, at this z; stops the run unless bias_alarm_stop false
     bias_alarm_nats: float = Field(0.01, ge=0)
+    # sampling-bias alarm: the z-score it fires at (see bias_alarm_nats)
     bias_alarm_z: float = Field(4.0, gt=0)
     bias_alarm_stop: bool = True
-    seq_len: int = Field(65536, gt=0)
+    seq_len: int = Field(65536, gt=0)  # packed row length of the RL train step (tokens)
     rows_per_step: int | None = Field(None, gt=0)  # fixed [rows, seq_len] per optimizer step (one compile)
     # without rows_per_step: rows padded up the ladder of this ratio (jaxswe.data.packing.bucket_rows)
     row_bucket_ratio: float = Field(ROW_BUCKET_RATIO, ge=1)
@@ -281,6 +296,7 @@ class RLSection(Section):
 class LoggingSection(Section):
     """Where metrics rows go besides metrics.jsonl (jaxswe.run.loggers)."""
 
+    # metric sinks besides metrics.jsonl
     backends: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=lambda: ["tensorboard"])
     project: str = "jaxswe"  # the W&B project / MLflow experiment
 
@@ -288,9 +304,10 @@ class LoggingSection(Section):
 class EvalSection(Section):
     """Pass@1 over k samples and Pass@k."""
 
-    samples_per_task: int = Field(1, gt=0)
+    samples_per_task: int = Field(1, gt=0)  # episodes per task (pass@1 is their mean)
+    # the k of each pass@k reported (each <= samples_per_task)
     pass_at_k: list[int] = Field(default_factory=lambda: [1])
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, ge=0)  # sampling temperature of eval episodes
     after_stage: bool = False  # also evaluate each training stage's final weights (its pass_at_1)
     max_tasks: int | None = Field(None, gt=0)  # first N eval tasks only
     # held-out check: instance ids of env.eval_tasks that no stage trains on (never in task_subset);
@@ -303,11 +320,12 @@ class EvalSection(Section):
 class RunConfig(Section):
     """A whole runnable setup."""
 
-    name: str = "run"
+    name: str = "run"  # the run's name (banners, metrics, W&B run name)
+    # what `jaxswe pipeline` runs, in order
     stages: list[Literal["warmstart", "rft", "rl", "eval"]] = Field(default_factory=lambda: ["eval"])
     init_from: str | None = None  # checkpoint or run dir the first stage starts from
     task_subset: list[str] | None = None  # only these instance ids of env.tasks / env.eval_tasks
-    seed: int = 0
+    seed: int = 0  # seeds every stage's sampling, task and data order, and the toy tasks
     model: ModelSection = Field(default_factory=ModelSection)
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
     mesh: MeshSection = Field(default_factory=MeshSection)

@@ -2,10 +2,12 @@
 
 The container's main process is `sleep <lifetime_s>` under the engine's init, and the engine
 removes it when it stops (auto-remove): a container ends itself once its lifetime has passed even
-when the trainer was SIGKILLed. No network; memory, CPU and pids limits; every capability dropped
-and no-new-privileges; every command and file write as the unprivileged SANDBOX_USER, who owns the
-repository in the task images (envs.images) and nothing else; labelled with its owner
-(host, pid, process start time) and run. A command longer than ARG_LIMIT goes through a file.
+when the trainer was SIGKILLed. No network; memory, CPU and pids limits; every capability dropped,
+no-new-privileges and the engine's default seccomp profile (never turned off: it refuses the kernel
+keyring, which no namespace isolates, as envs.seccomp does for local sandboxes); every command
+and file write as the unprivileged SANDBOX_USER, who owns the repository in the task images
+(envs.images) and nothing else; labelled with its owner (host, pid, process start time) and run.
+A command longer than ARG_LIMIT goes through a file.
 A container that dies under a command (the command killed its init or ran it out of memory) is
 the policy's doing: that exec and every later one return exit code 137 and a message, and
 `dead` is set, instead of an exception (an infrastructure failure). Commands run through the

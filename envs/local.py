@@ -3,7 +3,9 @@
 Each command is `bash -c` in a new session, stdin closed, with rlimits on processes, address
 space, file size and open files. Under bubblewrap (isolation "bwrap", the default when `bwrap` is
 installed) it runs in its own pid, mount, network, ipc, uts and cgroup namespaces with
-`--die-with-parent`, every capability dropped and no_new_privs: a trainer running as root drops
+`--die-with-parent`, every capability dropped, no_new_privs and a seccomp filter refusing the kernel
+keyring (add_key, request_key, keyctl: EPERM, as in Docker's default profile; keyrings belong to no
+namespace, so a key one sandbox stored would reach the next, envs.seccomp): a trainer running as root drops
 the command to a uid of the sandbox's own with `setpriv` (claimed from UID_RANGE for the sandbox's
 lifetime: a real unprivileged uid, so the process rlimit counts per sandbox, and one sandbox at
 its process limit does not stop another's commands; as root, the sandbox is also one memory
@@ -72,6 +74,7 @@ from envs.sandbox import (
     resolve_timeout,
     unrunnable,
 )
+from envs.seccomp import keyring_filter
 from envs.shell import (
     PipeTransport,
     Shell,
@@ -195,6 +198,16 @@ def _parents(paths: list[str]) -> list[str]:
     return args
 
 
+def _filter_fd() -> int:
+    """A pipe's read end holding the keyring seccomp filter (envs.seccomp), for one bwrap to read."""
+    read, write = os.pipe()
+    try:
+        os.write(write, keyring_filter())
+    finally:
+        os.close(write)
+    return read
+
+
 def _uid_file(uid: int) -> Path:
     return sandboxes_dir() / ".uids" / str(uid)
 
@@ -244,6 +257,8 @@ class LocalSandbox:
             raise SandboxError(f"isolation must be auto, bwrap or none, got {isolation!r}")
         if isolation == "bwrap" and not bwrap_available():
             raise SandboxError("isolation='bwrap' but bubblewrap (bwrap) is not installed")
+        if isolation != "none" and bwrap_available():
+            keyring_filter()  # a host it has no filter for: one clear error here, before any command
         unknown = set(limits or {}) - set(_RLIMITS) - set(DEFAULT_CAPS)
         if unknown:
             known = sorted([*_RLIMITS, *DEFAULT_CAPS])
@@ -307,7 +322,7 @@ class LocalSandbox:
         }
 
     # -- commands -------------------------------------------------------------------------------
-    def _argv(self, argv: list[str], *, as_pid_1: bool = False) -> list[str]:
+    def _argv(self, argv: list[str], *, seccomp_fd: int | None, as_pid_1: bool = False) -> list[str]:
         if self.isolation == "none":
             return argv
         writable = [str(self.root / sub) for sub in ("home", "repo")]
@@ -323,7 +338,7 @@ class LocalSandbox:
             for path in _site_dirs():
                 binds += ["--tmpfs", path]
         flags = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                 "--die-with-parent", "--new-session"]  # fmt: skip
+                 "--die-with-parent", "--new-session", "--seccomp", str(seccomp_fd)]  # fmt: skip
         if as_pid_1:  # the persistent shell: no reaper; commands' signals cannot reach it
             flags.append("--as-pid-1")
         if os.geteuid() == 0:  # drop to the sandbox uid for real: no capability, rlimits that count
@@ -336,16 +351,23 @@ class LocalSandbox:
 
     def _spawn(self, argv: list[str], env: dict[str, str], stdin: bool, merge: bool,
                as_pid_1: bool = False) -> subprocess.Popen:  # fmt: skip
-        return subprocess.Popen(
-            self._argv(argv, as_pid_1=as_pid_1),
-            cwd=self.workdir if self.isolation == "none" else "/",
-            env=env,
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL if merge is None else subprocess.STDOUT if merge else subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=_set_limits({k: v for k, v in self.limits.items() if k in _RLIMITS}, self.caps),
-        )
+        fds = (_filter_fd(),) if self.isolation == "bwrap" else ()  # bwrap reads the seccomp filter from it
+        stderr = subprocess.DEVNULL if merge is None else subprocess.STDOUT if merge else subprocess.PIPE
+        try:
+            return subprocess.Popen(
+                self._argv(argv, as_pid_1=as_pid_1, seccomp_fd=fds[0] if fds else None),
+                cwd=self.workdir if self.isolation == "none" else "/",
+                env=env,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                start_new_session=True,
+                preexec_fn=_set_limits({k: v for k, v in self.limits.items() if k in _RLIMITS}, self.caps),
+                pass_fds=fds,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def exec(self, command: str, timeout: float | None = None) -> ExecResult:
         """Run `command` with `bash -c` in the repository; see the module docstring for processes."""

@@ -2,7 +2,9 @@
 
 From inside: the task's files, its upstream/source clone, the template cache and another sandbox
 are invisible; no scaffold file command writes or reads a host path; remounting fails, there is no
-capability, no host process is visible; a detached, env-cleared process dies at timeout.
+capability, no host process is visible; a detached, env-cleared process dies at timeout; the
+kernel keyring refuses every call (EPERM, both backends) and a secret one sandbox leaves in every
+writable place (and offers the keyring) is nowhere in the next.
 """
 
 import subprocess
@@ -184,3 +186,82 @@ def test_memory_and_disk_are_capped_for_the_whole_sandbox():
         groups, root = sb.caps.cgroups, str(sb.root)
     assert not any(g.exists() for g in groups)
     assert root not in Path("/proc/self/mounts").read_text()
+
+
+KEYRING_PROBE = r"""python3 - <<'PY'
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+add_key, request_key, keyctl = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}[os.uname().machine]
+secret = b"SECRET"  # as the key's description (listed in /proc/keys) and its payload
+calls = {
+    "add_key session": (add_key, b"user", secret, secret, len(secret), -3),
+    "add_key user": (add_key, b"user", secret, secret, len(secret), -4),
+    "request_key": (request_key, b"user", secret, None, 0),
+    "keyctl join": (keyctl, 1, None),  # KEYCTL_JOIN_SESSION_KEYRING
+    "keyctl read": (keyctl, 11, -3, None, 0),  # KEYCTL_READ of the session keyring
+}
+for name, args in calls.items():
+    print(name, libc.syscall(*args), ctypes.get_errno())
+PY"""
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+def test_the_kernel_keyring_is_refused(backend):
+    """Keyrings belong to no namespace: every keyring system call fails with EPERM in a sandbox."""
+    if backend == "docker":
+        from envs.docker_sandbox import engine_available
+
+        if not engine_available():
+            pytest.skip("no Docker engine reachable")
+    with open_sandbox(TASK, backend) as sb:
+        out = sb.exec(KEYRING_PROBE).output
+    assert [ln.split()[-2:] for ln in out.splitlines()] == [["-1", "1"]] * 5, out  # -1, errno EPERM
+
+
+# Every directory a command can write to: each read-write mount (not proc, devices), walked on its
+# own filesystem (-xdev) for writable directories.
+WRITABLE_DIRS = (
+    "awk '$6 ~ /^rw/ && $9 !~ /^(proc|devtmpfs|devpts|sysfs)$/ {print $5}' /proc/self/mountinfo | "
+    'while read -r m; do find "$m" -xdev -type d -writable 2>/dev/null; done | sort -u'
+)
+
+
+def secret_carries() -> None:
+    """Write a secret to every writable directory of one sandbox and offer it to the keyring; then
+    look for it in a later sandbox of the same task, and in the task venv and template it reads."""
+    secret = f"jaxswe-secret-{time.time_ns()}"
+    with open_sandbox(TASK, "local") as first:
+        write = f'{WRITABLE_DIRS} | while read -r d; do echo {secret} > "$d/.{secret}" && echo "$d"; done'
+        written = first.exec(write).output.split()
+        assert {"/tmp", first.workdir, str(first.root / "home")} <= set(written), written
+        first.exec(KEYRING_PROBE.replace("SECRET", secret))
+        venv, template = first.ro_binds, clean_template(TASK)
+    with open_sandbox(TASK, "local") as later:
+        paths = " ".join(f"{d}/.{secret}" for d in written)
+        search = (
+            f"cat {paths} 2>/dev/null; {WRITABLE_DIRS} | xargs -I{{}} grep -rl {secret} {{}}; cat /proc/keys"
+        )
+        found = later.exec(search, timeout=60)
+    assert secret not in found.output, found.output
+    host = subprocess.run(["grep", "-rl", secret, *venv, str(template)], capture_output=True, text=True)
+    assert host.returncode == 1, host.stdout + host.stderr  # 1: no match
+
+
+CARRY_CHILD = """
+import ctypes, os
+from test_sandbox_escapes import secret_carries
+keyctl = {"x86_64": 250, "aarch64": 219}[os.uname().machine]
+assert ctypes.CDLL(None).syscall(keyctl, 1, b"jaxswe-test") > 0  # KEYCTL_JOIN_SESSION_KEYRING
+secret_carries()
+"""
+
+
+def test_nothing_carries_to_the_next_sandbox():
+    """Run from a process with a session keyring of its own (as a login shell's trainer has: the
+    sandboxes inherit it), a secret one sandbox leaves anywhere is nowhere in the next."""
+    root = Path(__file__).parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", CARRY_CHILD], capture_output=True, text=True, timeout=120, cwd=root,
+        env={**__import__("os").environ, "PYTHONPATH": f"{root}:{root / 'tests'}"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]

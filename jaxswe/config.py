@@ -263,6 +263,24 @@ class RLSection(Section):
     # k > 0: how a token more than max_staleness versions old trains (jaxswe.rl.train.within_staleness)
     stale_tokens: Literal["drop", "trajectory", "keep"] = "drop"
     entropy_coef: float = Field(0.0, ge=0)  # entropy bonus on trained tokens; not in DAPO, 0 = off
+    # the loss of every token of negative advantage is scaled by this (1: the paper's DAPO; 0: failures
+    # push nothing down); this and the next three keys: docs/guide.md, "RL's negative side"
+    negative_weight: float = Field(1.0, ge=0)
+    # a token of negative advantage whose probability under the current policy is below this gets no
+    # gradient (no push-down on what the policy has all but given up); 0: off, the paper's DAPO
+    negative_prob_floor: float = Field(0.0, ge=0, lt=1)
+    # group advantages (r - mean) / (std + eps), the paper's; false: r - mean (Dr. GRPO: no std division)
+    advantage_std: bool = True
+    # format-error turns (kept in context) out of the loss, as RFT masks them: "never" (the paper's
+    # RL trains them with the episode's advantage), "positive" (out where the advantage is > 0: a
+    # success does not reinforce them, a failure still pushes them down), "always"
+    mask_format_errors: Literal["never", "positive", "always"] = "never"
+    # linear lr warm-up over the RL stage's first optimizer steps (AdamW starts fresh at RL);
+    # None: optimizer.warmup_steps (the paper gives RL none)
+    warmup_steps: int | None = Field(None, ge=0)
+    # one warning per stage when an iteration takes more optimizer steps (the paper reports 2 to 8;
+    # more steps per iteration train further off the sampling policy); None: no check
+    max_optimizer_steps: int | None = Field(8, gt=0)
     # sampling-bias alarm (jaxswe.rollout.bias): fires when trained tokens are this many nats/token
     # less surprising than the trainer's entropy, at this z; stops the run unless bias_alarm_stop false
     bias_alarm_nats: float = Field(0.01, ge=0)
@@ -315,6 +333,9 @@ class EvalSection(Section):
     # pipeline's summary.json compares the stages there too (paired_heldout)
     heldout: list[str] = Field(default_factory=list)
     heldout_samples: int | None = Field(None, gt=0)  # episodes per held-out task; default samples_per_task
+    # `jaxswe eval` with no weights (no --init-from, init_from, trained stage in --run-dir or
+    # model.path) evaluates a random init of model.preset only when true; refused otherwise
+    allow_random_init: bool = False
 
 
 class RunConfig(Section):
@@ -324,6 +345,9 @@ class RunConfig(Section):
     # what `jaxswe pipeline` runs, in order
     stages: list[Literal["warmstart", "rft", "rl", "eval"]] = Field(default_factory=lambda: ["eval"])
     init_from: str | None = None  # checkpoint or run dir the first stage starts from
+    # a training stage that trains nothing (RL: no optimizer step, every group's rewards equal; RFT:
+    # no resolved sample to fine-tune on) ends with an error (exit 2) unless this is true
+    allow_untrained_stage: bool = False
     task_subset: list[str] | None = None  # only these instance ids of env.tasks / env.eval_tasks
     seed: int = 0  # seeds every stage's sampling, task and data order, and the toy tasks
     model: ModelSection = Field(default_factory=ModelSection)

@@ -20,8 +20,8 @@ _MAX_LOG_RATIO = 60.0
 @dataclass(frozen=True)
 class LossSettings:
     """The DAPO objective's settings, built once from the config's `rl` section (`from_rl`) and
-    read by the train step: `dapo_loss`'s clip range and entropy bonus, `off_policy_weights`'
-    truncation cap (None: off) and trajectory mask."""
+    read by the train step: `dapo_loss`'s clip range, entropy bonus and negative-side knobs,
+    `off_policy_weights`' truncation cap (None: off) and trajectory mask."""
 
     eps_low: float = 0.2
     eps_high: float = 0.28
@@ -29,6 +29,8 @@ class LossSettings:
     tis_cap: float | None = None
     sequence_mask: str = "none"
     mask_threshold: float = 2.0
+    negative_weight: float = 1.0
+    negative_prob_floor: float = 0.0
 
     @classmethod
     def from_rl(cls, rl: Any) -> LossSettings:
@@ -36,6 +38,7 @@ class LossSettings:
         return cls(
             rl.eps_low, rl.eps_high, rl.entropy_coef, rl.tis_cap if rl.tis_on else None,
             rl.sequence_mask, rl.mask_threshold,
+            negative_weight=rl.negative_weight, negative_prob_floor=rl.negative_prob_floor,
         )  # fmt: skip
 
     @property
@@ -53,6 +56,23 @@ def _masked_mean(x_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
     return jnp.sum(jnp.where(mask_bt > 0, x_bt, 0.0)) / jnp.maximum(jnp.sum(mask_bt), 1.0)
 
 
+def negative_side_weights(
+    logprobs: jax.Array, advantages: jax.Array, *, negative_weight: float = 1.0, prob_floor: float = 0.0
+) -> jax.Array:
+    """Per-token weights [B, T] (no gradient) of the policy gradient's negative side: 1 where the
+    advantage [B, T] is >= 0; where it is < 0, `negative_weight`, or 0 when the token's probability
+    under the current policy, exp(logprobs), is below `prob_floor` (no push-down on a token the
+    policy has already all but given up)."""
+    chex.assert_equal_shape([logprobs, advantages])
+    if not 0.0 <= prob_floor < 1.0:
+        raise ValueError(f"prob_floor {prob_floor} is not in [0, 1)")
+    if negative_weight < 0.0:
+        raise ValueError(f"negative_weight {negative_weight} is negative")
+    above_floor_bt = jax.lax.stop_gradient(logprobs) >= jnp.log(jnp.float32(prob_floor))
+    negative_bt = jnp.where(above_floor_bt, negative_weight, 0.0).astype(logprobs.dtype)
+    return jnp.where(advantages < 0, negative_bt, jnp.ones_like(negative_bt))
+
+
 def dapo_loss(
     logprobs: jax.Array,
     old_logprobs: jax.Array,
@@ -65,6 +85,8 @@ def dapo_loss(
     token_weights: jax.Array | None = None,
     entropy: jax.Array | None = None,
     entropy_coef: float = 0.0,
+    negative_weight: float = 1.0,
+    negative_prob_floor: float = 0.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Token-level clipped policy-gradient loss of DAPO (no KL term).
 
@@ -75,9 +97,13 @@ def dapo_loss(
     e.g. truncated importance weights for a rollout/trainer mismatch. With `entropy_coef` > 0 the
     loss also subtracts entropy_coef * sum(mask * entropy) / N, an exploration bonus on the policy's
     entropy [B, T] at each token (DAPO itself has none, so it is off by default).
+    `negative_weight` and `negative_prob_floor` weight the tokens of negative advantage
+    (`negative_side_weights`; at 1.0 and 0.0, the defaults, DAPO's loss is computed unchanged); N
+    stays the count of every trained token.
     aux holds masked means over this call's tokens: clip_fraction (the clip binds),
     clip_low_fraction, clip_high_fraction, approx_kl (k3 estimate of KL(old || new)),
-    ratio_mean, ratio_max and num_tokens (this call's unmasked tokens).
+    ratio_mean, ratio_max and num_tokens (this call's unmasked tokens); with a floor,
+    prob_floor_fraction (tokens of negative advantage the floor left out).
     """
     chex.assert_rank([logprobs, old_logprobs, mask], 2)
     chex.assert_equal_shape([logprobs, old_logprobs, mask])
@@ -99,6 +125,12 @@ def dapo_loss(
     if token_weights is not None:
         chex.assert_equal_shape([token_weights, mask])
         weight_bt = weight_bt * jax.lax.stop_gradient(token_weights)
+    if negative_weight != 1.0 or negative_prob_floor > 0.0:
+        side_bt = negative_side_weights(
+            logprobs, jnp.broadcast_to(adv_bt, logprobs.shape),
+            negative_weight=negative_weight, prob_floor=negative_prob_floor,
+        )  # fmt: skip
+        weight_bt = weight_bt * side_bt
     loss = -jnp.sum(jnp.where(on_bt, weight_bt * objective_bt, 0.0)) / _normalizer(mask, num_tokens)
     if entropy_coef:
         chex.assert_equal_shape([entropy, mask])
@@ -117,6 +149,9 @@ def dapo_loss(
         "ratio_max": jnp.max(jnp.where(on_bt, ratio_sg, 0.0)),
         "num_tokens": jnp.sum(mask).astype(jnp.float32),
     }
+    if negative_prob_floor > 0.0:
+        floored_bt = (adv_bt < 0) & (jax.lax.stop_gradient(logprobs) < jnp.log(negative_prob_floor))
+        aux["prob_floor_fraction"] = _masked_mean(floored_bt.astype(jnp.float32), mask)
     chex.assert_shape(loss, ())
     return loss, aux
 
@@ -198,13 +233,16 @@ def informative_groups(rewards: jax.Array) -> jax.Array:
     return jnp.max(rewards, axis=-1) != jnp.min(rewards, axis=-1)
 
 
-def group_advantages(rewards: jax.Array, *, eps: float = 1e-6) -> jax.Array:
-    """[P, G] -> [P, G]: (r - mean_g) / (std_g + eps), population std; equal groups give exactly 0."""
+def group_advantages(rewards: jax.Array, *, eps: float = 1e-6, scale_by_std: bool = True) -> jax.Array:
+    """[P, G] -> [P, G]: (r - mean_g) / (std_g + eps), population std; equal groups give exactly 0.
+    With `scale_by_std` False, r - mean_g (Dr. GRPO, arXiv 2503.20783): the std division scales
+    up lopsided groups (the lone failure of a 7-of-8 group gets -2.65 instead of -0.875)."""
     chex.assert_rank(rewards, 2)
     rewards = jnp.asarray(rewards, jnp.promote_types(rewards.dtype, jnp.float32))
     mean_p1 = jnp.mean(rewards, axis=-1, keepdims=True)
-    std_p1 = jnp.std(rewards, axis=-1, keepdims=True)
-    adv = (rewards - mean_p1) / (std_p1 + eps)
+    adv = rewards - mean_p1
+    if scale_by_std:
+        adv = adv / (jnp.std(rewards, axis=-1, keepdims=True) + eps)
     return jnp.where(informative_groups(rewards)[:, None], adv, 0.0)
 
 

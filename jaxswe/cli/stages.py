@@ -85,6 +85,14 @@ def stage_dir_of(run_dir: Path, name: str) -> Path:
     return run_dir / name
 
 
+def _newest_trained_stage(run_dir: Path) -> str | None:
+    """What `jaxswe eval` evaluates without --init-from: the newest trained stage of --run-dir."""
+    from jaxswe.run.layout import newest_trained_stage
+
+    stage = newest_trained_stage(run_dir)
+    return str(stage) if stage is not None else None
+
+
 def _stage_command(name: str):
     def command(
         config: ConfigOpt,
@@ -100,20 +108,33 @@ def _stage_command(name: str):
         check_trackers(cfg.logging.backends)
         if init_from:
             cfg = cfg.model_copy(update={"init_from": init_from})
+        elif name == "eval" and not cfg.init_from:
+            cfg = cfg.model_copy(update={"init_from": _newest_trained_stage(run_dir)})
+        stage_dir = stage_dir_of(run_dir, name)
+        if resume:
+            from jaxswe.stages.stage_io import check_resumable
+
+            check_resumable(stage_dir, f"{name} stage")
         from jaxswe.distributed import initialize
         from jaxswe.stages.stages import run_stage
 
         initialize(coordinator, num_processes, process_id)
 
         _compile_cache()
-        summary = run_stage(name, cfg, stage_dir_of(run_dir, name), init_from=cfg.init_from, resume=resume)
+        summary = run_stage(name, cfg, stage_dir, init_from=cfg.init_from, resume=resume)
         typer.echo(json.dumps(summary, indent=2))
 
     command.__name__ = name
     command.__doc__ = {
         "rft": "Rejection fine-tuning: sample N per task, keep resolved trajectories, SFT.",
         "rl": "DAPO RL (stage 1, or stage 2 with rl.task_filter; rl.max_staleness > 0: asynchronous).",
-        "eval": "Pass@1 (95% interval) and Pass@k of a checkpoint or model.",
+        "eval": (
+            "Pass@1 (95% interval) and Pass@k of a checkpoint or model.\n\n"
+            "Weights, the first that applies: --init-from, the config's init_from, the newest trained "
+            "stage in --run-dir (a pipeline's or stage command's run dir), model.path. A random init of "
+            "model.preset is refused unless --set eval.allow_random_init=true. The weights evaluated are "
+            "named on stderr and in summary.json (`weights`)."
+        ),
     }[name]
     return command
 
@@ -130,6 +151,10 @@ def pipeline(
     """Run the config's stages in order, each in RUN_DIR/<stage> (warmstart, rft, rl, eval)."""
     cfg = load_config(config, set_ or [])
     check_trackers(cfg.logging.backends)
+    if resume:
+        from jaxswe.stages.stage_io import check_resumable
+
+        check_resumable(run_dir, "pipeline run")
     from jaxswe.distributed import initialize
     from jaxswe.stages.stages import run_pipeline
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from jaxswe.agent.trajectory import Trajectory, save_jsonl
-from jaxswe.config import RunConfig
+from jaxswe.config import OptimizerSection, RunConfig
 from jaxswe.distributed import broadcast, is_main
 from jaxswe.errors import UserError
 from jaxswe.losses import LossSettings
@@ -33,7 +33,7 @@ from jaxswe.policy import Policy
 from jaxswe.rl.problems import DataOrder, History, filter_by_history, record_outcomes
 from jaxswe.rl.pump import Collected, RolloutPump
 from jaxswe.rl.rewards import advantage_stats
-from jaxswe.rl.train import prepare, update_metrics
+from jaxswe.rl.train import StepsWarning, prepare, update_metrics
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger, read_rows
@@ -43,11 +43,18 @@ from jaxswe.stages.stage_io import load_history, write_json
 from jaxswe.train.trainer import Trainer
 
 
+def rl_optimizer(cfg: RunConfig) -> OptimizerSection:
+    """The optimizer settings of an RL stage: `optimizer` with `rl.warmup_steps` when set."""
+    if cfg.rl.warmup_steps is None:
+        return cfg.optimizer
+    return cfg.optimizer.model_copy(update={"warmup_steps": cfg.rl.warmup_steps})
+
+
 def rl_trainer(cfg: RunConfig, policy: Policy) -> Trainer:
     """The Trainer of an RL stage from its starting policy (whose params it takes over: one copy),
-    with the config's loss settings."""
+    with the config's loss settings and lr warm-up (`rl.warmup_steps`, else the optimizer's)."""
     loss = LossSettings.from_rl(cfg.rl)
-    trainer = Trainer(policy.model_cfg, policy.hand_over(), cfg.optimizer, loss=loss, mesh_cfg=cfg.mesh)
+    trainer = Trainer(policy.model_cfg, policy.hand_over(), rl_optimizer(cfg), loss=loss, mesh_cfg=cfg.mesh)
     rows = cfg.rl.rows_per_step
     if rows is not None and rows % trainer.rows_multiple:
         raise UserError(
@@ -222,9 +229,12 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
             with Progress(
                 "rl", cfg.rl.iterations, unit="iteration", initial=start, enabled=is_main(), lines=False
             ) as progress:
+                too_many_steps = StepsWarning(cfg.rl)
                 for step in range(start + 1, cfg.rl.iterations + 1):
                     row, history = runner.run(rl_iteration(ctx, pump, ckpts, metrics, history, step))
                     progress.write(iteration_line(step, cfg.rl.iterations, row))
+                    if warning := too_many_steps(row["optimizer_steps"]):
+                        progress.write(warning)
                     progress.update()
         finally:
             if pump is not None:
@@ -237,6 +247,7 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
     summary = {
         "name": "rl",
         "iterations": len(rows),
+        "optimizer_steps": sum(r.get("optimizer_steps", 0) for r in rows),
         "final_pass_rate": rows[-1]["pass_rate"] if rows else None,
         "checkpoint": str(ckpts.directory),
         **broadcast(drawn),  # this run's: a resumed run counts from its resume

@@ -73,8 +73,12 @@ def group_rewards(group: list[Trajectory], cfg: RunConfig) -> list[float]:
     ).tolist()
 
 
-def judge(groups: list[list[Trajectory]], rewards: list[list[float]]) -> GroupResult:
-    return compute_group_advantages(rewards, [[e.infra_error is not None for e in g] for g in groups])
+def judge(
+    groups: list[list[Trajectory]], rewards: list[list[float]], scale_by_std: bool = True
+) -> GroupResult:
+    """Advantages and kept groups (which groups are kept does not depend on `scale_by_std`)."""
+    infra = [[e.infra_error is not None for e in g] for g in groups]
+    return compute_group_advantages(rewards, infra, scale_by_std=scale_by_std)
 
 
 def infra_health(ctx: StageContext) -> dict[str, int]:
@@ -283,7 +287,7 @@ class RolloutPump:
                 break
         by_draw = np.argsort(drawn)  # in draw order, whichever finished first
         groups, rewards, fresh = ([xs[i] for i in by_draw] for xs in (groups, rewards, fresh))
-        result = judge(groups, rewards)
+        result = judge(groups, rewards, rl.advantage_std)
         kept = first_kept([a and b for a, b in zip(result.kept, fresh, strict=True)], want)
         timings = Counter(
             time_rollout_s=time.perf_counter() - t0,

@@ -35,8 +35,11 @@ class GroupResult:
         return sum(self.kept)
 
 
-def compute_group_advantages(rewards: list[list[float]], infra_failed: list[list[bool]]) -> GroupResult:
-    """Group-normalized advantages over the scored members of each group (`group_advantages`)."""
+def compute_group_advantages(
+    rewards: list[list[float]], infra_failed: list[list[bool]], *, scale_by_std: bool = True
+) -> GroupResult:
+    """Group-normalized advantages over the scored members of each group (`group_advantages`;
+    without `scale_by_std`, mean-centred only)."""
     if len(rewards) != len(infra_failed):
         raise ValueError("rewards and infra_failed must list the same groups")
     advantages: list[list[float]] = []
@@ -50,7 +53,7 @@ def compute_group_advantages(rewards: list[list[float]], infra_failed: list[list
         adv = [0.0] * len(r_g)
         if len(scored) >= 2:
             r_1g = np.asarray([[r_g[i] for i in scored]], np.float32)
-            a_1g = np.asarray(group_advantages(r_1g))[0]
+            a_1g = np.asarray(group_advantages(r_1g, scale_by_std=scale_by_std))[0]
             for i, a in zip(scored, a_1g, strict=True):
                 adv[i] = float(a)
         keep = len(scored) >= 2 and len({float(r_g[i]) for i in scored}) > 1

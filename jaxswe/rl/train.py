@@ -34,17 +34,29 @@ def within_staleness(seq: Sequence, min_version: int, stale_tokens: str) -> Sequ
     return seq if seq.loss_mask.any() else None
 
 
-def training_sequences(c: Collected, stale_tokens: str = "drop") -> tuple[list[Sequence], list[Sequence]]:
+def masks_format_errors(mode: str, advantage: float) -> bool:
+    """Whether an episode of this advantage trains without its format-error turns (rl.mask_format_errors)."""
+    return mode == "always" or (mode == "positive" and advantage > 0)
+
+
+def training_sequences(
+    c: Collected, stale_tokens: str = "drop", mask_format_errors: str = "never"
+) -> tuple[list[Sequence], list[Sequence]]:
     """(trained, dropped) sequences: the scored episodes of kept groups with their advantages, and
-    those of dropped groups (only checked for sampling bias). With `c.min_version` (k > 0) stale
-    tokens train as `stale_tokens` says (`within_staleness`); a trajectory left with none is not
-    packed, and its outcome still counts in its group's advantages."""
+    those of dropped groups (only checked for sampling bias). Format-error turns leave the loss
+    mask as RFT's (`Trajectory.rft_loss_mask`) where `masks_format_errors`. With `c.min_version`
+    (k > 0) stale tokens train as `stale_tokens` says (`within_staleness`); a trajectory left
+    with no trained token is not packed, and its outcome still counts in its group's advantages."""
     seqs, dropped = [], []
     for grp, adv_g, keep in zip(c.groups, c.result.advantages, c.kept, strict=True):
         for ep, adv in zip(grp, adv_g, strict=True):
             if ep.infra_error is not None:
                 continue
             seq = ep.rl_sequence(adv)
+            if masks_format_errors(mask_format_errors, adv):
+                seq = replace(seq, loss_mask=ep.rft_loss_mask().astype(np.float32))
+                if not seq.loss_mask.any():
+                    continue
             if c.min_version is not None:
                 seq = within_staleness(seq, c.min_version, stale_tokens)
                 if seq is None:
@@ -130,7 +142,13 @@ def check_sampling(
 
 
 STEP_METRICS = ("loss", "clip_fraction", "approx_kl", "ratio_mean", "grad_norm")
-CORRECTION_METRICS = ("offpolicy_weight_mean", "tis_clip_fraction", "offpolicy_masked_fraction")
+# present only when their setting is on (off-policy correction, rl.negative_prob_floor)
+CORRECTION_METRICS = (
+    "offpolicy_weight_mean",
+    "tis_clip_fraction",
+    "offpolicy_masked_fraction",
+    "prob_floor_fraction",
+)
 
 
 def prepare(
@@ -140,7 +158,7 @@ def prepare(
     stop leaves the weights untouched): the iteration's optimizer-step batches with the trainer's
     old log-probs, their `Dist`s, and the metrics so far."""
     rl, trainer = ctx.cfg.rl, ctx.trainer
-    seqs, dropped = training_sequences(c, rl.stale_tokens)
+    seqs, dropped = training_sequences(c, rl.stale_tokens, rl.mask_format_errors)
     rng = np.random.default_rng([ctx.cfg.seed, step])
     steps, truncated = minibatches(seqs, rl, trainer.rows_multiple, rng) if seqs else ([], 0)
     steps, dists = recompute(trainer, steps)
@@ -178,3 +196,24 @@ def update_metrics(
     if "offpolicy_weight_max" in step_metrics[0]:
         out["offpolicy_weight_max"] = float(max(m["offpolicy_weight_max"] for m in step_metrics))
     return out
+
+
+class StepsWarning:
+    """One warning per stage for an iteration that takes more optimizer steps than
+    `rl.max_optimizer_steps` (the paper reports 2 to 8; None: no check)."""
+
+    def __init__(self, rl: RLSection):
+        self.bound = rl.max_optimizer_steps
+        self.warned = False
+
+    def __call__(self, optimizer_steps: int) -> str | None:
+        """The warning's line the first time `optimizer_steps` passes the bound, else None."""
+        if self.warned or self.bound is None or optimizer_steps <= self.bound:
+            return None
+        self.warned = True
+        return (
+            f"jaxswe: WARNING: an RL iteration took {optimizer_steps} optimizer steps, more than "
+            f"rl.max_optimizer_steps ({self.bound}; the paper reports 2 to 8): later steps train further "
+            "off the sampling policy (watch clip_fraction); raise rl.trajectories_per_step or lower "
+            "rl.problems_per_iteration (warned once per stage)"
+        )

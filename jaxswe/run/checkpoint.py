@@ -23,7 +23,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxswe.errors import UserError
-from jaxswe.run.layout import sub_stages
+from jaxswe.run.layout import holds_checkpoint, newest_trained_stage
 
 
 class CheckpointError(UserError):
@@ -123,17 +123,12 @@ def find_checkpoint_dir(path: str | Path) -> Path:
 
     Raises CheckpointError naming the path when it holds no committed checkpoint.
     """
-
-    def holds(candidate: Path) -> bool:
-        return candidate.is_dir() and any(p.name.isdigit() for p in candidate.iterdir())
-
     path = Path(path)
-    for candidate in (path, path / "checkpoints"):
-        if holds(candidate):
-            return candidate.absolute()
-    stages = [d / "checkpoints" for d in sub_stages(path) if holds(d / "checkpoints")]
-    if stages:
-        newest = max(stages, key=lambda c: c.stat().st_mtime)
-        print(f"jaxswe: {path} holds stages; using the newest, {newest.parent.name}", file=sys.stderr)
-        return newest.absolute()
+    if holds_checkpoint(path):
+        return path.absolute()
+    stage = newest_trained_stage(path)
+    if stage is not None:
+        if stage != path:
+            print(f"jaxswe: {path} holds stages; using the newest, {stage.name}", file=sys.stderr)
+        return (stage / "checkpoints").absolute()
     raise CheckpointError(f"{path}: no checkpoint found (expected a run dir, a stage dir or checkpoints/)")

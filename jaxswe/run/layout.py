@@ -34,6 +34,22 @@ def sub_stages(run_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda d: (order.index(d.name) if d.name in order else len(order), d.name))
 
 
+def holds_checkpoint(checkpoints: str | Path) -> bool:
+    """Whether a checkpoints dir holds a committed step (a numbered subdir)."""
+    checkpoints = Path(checkpoints)
+    return checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
+
+
+def newest_trained_stage(run_dir: str | Path) -> Path | None:
+    """The stage dir under `run_dir` whose checkpoints were written last (`run_dir` itself when it is
+    a stage dir with checkpoints); None when no stage there holds a checkpoint."""
+    run_dir = Path(run_dir)
+    if holds_checkpoint(run_dir / "checkpoints"):
+        return run_dir
+    trained = [d for d in sub_stages(run_dir) if holds_checkpoint(d / "checkpoints")]
+    return max(trained, key=lambda d: (d / "checkpoints").stat().st_mtime) if trained else None
+
+
 def stage_dirs(path: str | Path) -> list[Path]:
     """`[path]` for a stage dir, a run dir's stages (`sub_stages`) otherwise."""
     return [Path(path)] if is_stage_dir(path) else sub_stages(path)

@@ -67,6 +67,17 @@ def check_run_dir(run_dir: Path, *, resume: bool) -> None:
         raise UserError(f"{run_dir} is not empty; pass --resume to continue it or choose a new --run-dir")
 
 
+def check_resumable(run_dir: Path, what: str) -> None:
+    """--resume needs a run to continue: refuse `run_dir` when it holds no `what` (no config.yaml,
+    which every stage and pipeline writes first), so a mistyped dir never starts a fresh run."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        there = "does not exist" if not run_dir.exists() else f"holds no {what}"
+        raise UserError(
+            f"{run_dir}: nothing to resume ({there}); check --run-dir, or drop --resume to start a new run"
+        )
+
+
 def _settings(config: dict[str, Any]) -> dict[str, Any]:
     """section.key -> value (top-level values as themselves; values inside a section whole)."""
     out: dict[str, Any] = {}

@@ -27,6 +27,7 @@ from jaxswe.stages.stage_io import (
     write_json,
     write_partial_summary,
 )
+from jaxswe.stages.toy import is_toy
 from jaxswe.stages.warmstart import build_policy, run_warmstart
 
 STAGES = ("warmstart", "rft", "rl", "eval")
@@ -55,9 +56,11 @@ def run_stage(
     line at the end (stderr); return its summary (also written to summary.json)."""
     stage_dir = Path(stage_dir)
     check_run_dir(stage_dir, resume=resume)  # before anything is written into it
-    config_changes(stage_dir, cfg)
+    changes = config_changes(stage_dir, cfg)
+    if resume and (stage_dir / "summary.json").is_file():  # finished: its summary stands
+        return finished_stage(name, stage_dir, cfg, changes)
     try:
-        return _run_stage(name, cfg, stage_dir, init_from=init_from, resume=resume)
+        return check_trained(_run_stage(name, cfg, stage_dir, init_from=init_from, resume=resume), cfg)
     except KeyboardInterrupt:  # Ctrl-C: the curves and summary so far (not summary.json: not done)
         metrics = stage_dir / "metrics.jsonl"
         if is_main() and metrics.is_file() and name != "eval":
@@ -65,6 +68,49 @@ def run_stage(
         if stage_dir.is_dir():
             write_partial_summary(name, stage_dir)
         raise
+
+
+def finished_stage(name: str, stage_dir: Path, cfg: RunConfig, changes: dict[str, Any]) -> dict[str, Any]:
+    """A --resume of a stage that finished: its summary.json as it is (nothing runs again)."""
+    ignored = f"; the changed settings ({', '.join(changes)}) do not apply to it" if changes else ""
+    print(f"jaxswe: == {name} finished before ({stage_dir / 'summary.json'}){ignored}", file=sys.stderr)
+    return check_trained(read_json(stage_dir / "summary.json"), cfg)
+
+
+def check_trained(summary: dict[str, Any], cfg: RunConfig) -> dict[str, Any]:
+    """`summary` back; an RL stage with no optimizer step or an RFT stage with no kept trajectory
+    is an error unless `allow_untrained_stage` (its summary.json stays, with the counts)."""
+    name = summary.get("name")
+    if name == "rl" and summary.get("optimizer_steps") == 0:
+        why = f"0 optimizer steps in {summary['iterations']} iterations (every group's rewards were equal)"
+    elif name == "rft" and summary.get("sft_steps") == 0:
+        why = f"no resolved trajectory among {summary['samples']} samples, 0 SFT steps"
+    else:
+        return summary
+    if cfg.allow_untrained_stage:
+        print(f"jaxswe: WARNING: the {name} stage trained nothing: {why}", file=sys.stderr)
+        return summary
+    raise UserError(
+        f"the {name} stage trained nothing: {why}; its weights are the ones it started from "
+        "(--set allow_untrained_stage=true accepts such a stage)"
+    )
+
+
+def eval_weights(cfg: RunConfig, init_from: str | None) -> str:
+    """What an eval stage evaluates, in words; a random init only with eval.allow_random_init."""
+    init_from = init_from or cfg.init_from
+    if init_from:
+        return str(init_from)
+    if cfg.model.path:
+        return f"model.path {cfg.model.path}"
+    if not cfg.eval.allow_random_init:
+        raise UserError(
+            "eval has no trained weights to evaluate: pass --init-from (a stage or run dir), "
+            "a --run-dir holding a trained stage, or model.path; "
+            "--set eval.allow_random_init=true evaluates a random init"
+        )
+    model = "the toy model" if is_toy(cfg) else f"model.preset {cfg.model.preset}"
+    return f"random init of {model} (model.seed {cfg.model.seed})"
 
 
 def _run_stage(
@@ -90,12 +136,13 @@ def _run_stage(
         _banner(name, stage_dir, init_from)
         summary = run_rl(ctx, history_from=source, resume=resume)
     elif name == "eval":
+        weights = eval_weights(cfg, init_from)
         ctx = open_stage(cfg, stage_dir, init_from=init_from)
-        _banner(name, stage_dir, init_from)
+        print(f"jaxswe: == eval of {weights} -> {stage_dir}", file=sys.stderr, flush=True)
         ensure_backend(ctx)
         report = run_eval_stage(ctx)
         keys = ("pass_at_1", "pass_at_1_ci95", "num_tasks", "num_episodes", "ended_by", "mean_turns")
-        summary = {"name": "eval", **{k: report[k] for k in keys}}
+        summary = {"name": "eval", "weights": weights, **{k: report[k] for k in keys}}
         summary.update({k: v for k, v in report.items() if k.startswith("pass_at_")})
         summary = finish_stage(ctx, summary)
     else:
@@ -124,6 +171,8 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, An
         raise UserError("warmstart can only be the first stage")
     if cfg.stages[0] != "warmstart" and not (cfg.init_from or cfg.model.path or cfg.model.preset):
         raise UserError("the first stage needs a model: init_from, model.path or model.preset")
+    if cfg.stages[0] == "eval":
+        eval_weights(cfg, cfg.init_from)  # refused now, not after the run dir is written
     check_run_dir(run_dir, resume=resume)
     config_changes(run_dir, cfg)
     check_inputs(cfg)
@@ -135,7 +184,7 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, An
         stage_dir = run_dir / name
         done = stage_dir / "summary.json"
         if resume and done.is_file():
-            summary = read_json(done)
+            summary = check_trained(read_json(done), cfg)
         else:
             summary = run_stage(name, cfg, stage_dir, init_from=previous, resume=resume)
         summaries.append(summary)

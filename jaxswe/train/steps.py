@@ -273,6 +273,8 @@ def make_dapo_step(
             token_weights=weights,
             entropy=entropy,
             entropy_coef=loss.entropy_coef,
+            negative_weight=loss.negative_weight,
+            negative_prob_floor=loss.negative_prob_floor,
         )
         return value, {**aux, **weight_aux, "entropy": _entropy_mean(entropy, mb.loss_mask)}
 

@@ -1,0 +1,119 @@
+"""The path a user takes through the `jaxswe` CLI, where a slip used to give a silently wrong
+answer: a mistyped --resume, which weights `jaxswe eval` evaluates, a stage that trained nothing, a
+finished stage resumed. Each a real `jaxswe` subprocess on a tiny toy RL stage."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxswe.cli import main
+from jaxswe.config import config_from_dict
+from jaxswe.errors import UserError
+from jaxswe.stages.stages import check_trained, eval_weights
+
+ROOT = Path(__file__).parent.parent
+TOY = str(ROOT / "configs" / "toy-rl.yaml")
+# one iteration of 2 x 2 two-turn episodes of a random policy: every reward -1, nothing to train on
+TINY = ("rl.iterations=1", "rl.problems_per_iteration=2", "rl.group_size=2", "rl.resample_to_fill=false",
+        "rollout.max_batch=4", "env.max_parallel=4", "agent.max_turns=2", "rl.turn_penalty_threshold=1",
+        "env.toy_tasks=2")  # fmt: skip
+
+
+def _jaxswe(*args: str, sets: tuple[str, ...] = TINY) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user has
+    argv = [*args, *(a for s in sets for a in ("--set", s))]
+    return subprocess.run(
+        [sys.executable, "-m", "jaxswe", *argv], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory):
+    """RUN_DIR/rl of `jaxswe rl` that trained nothing (0 optimizer steps), and that command's result."""
+    run_dir = tmp_path_factory.mktemp("user") / "run"
+    return run_dir, _jaxswe("rl", "--config", TOY, "--run-dir", str(run_dir))
+
+
+def test_resume_of_a_missing_run_is_refused(tmp_path, capsys):
+    """A mistyped --run-dir with --resume: one line, exit 2, nothing written (not a fresh run)."""
+    typo = tmp_path / "typo"
+    out = _jaxswe("rl", "--config", TOY, "--run-dir", str(typo), "--resume", sets=())
+    assert out.returncode == 2 and out.stderr == (
+        f"jaxswe: error: {typo / 'rl'}: nothing to resume (does not exist); check --run-dir, "
+        "or drop --resume to start a new run\n"
+    ), out.stderr
+    assert not typo.exists()
+    (tmp_path / "empty").mkdir()
+    for command in ("pipeline", "eval"):
+        with pytest.raises(SystemExit) as exc:
+            main([command, "--config", TOY, "--run-dir", str(tmp_path / "empty"), "--resume"])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and len(err.splitlines()) == 1 and "nothing to resume" in err, err
+    assert [p.name for p in tmp_path.iterdir()] == ["empty"] and not any((tmp_path / "empty").iterdir())
+
+
+def test_a_stage_that_trained_nothing_says_so_and_fails(untrained):
+    run_dir, out = untrained
+    assert out.returncode == 2, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "jaxswe: error: the rl stage trained nothing: 0 optimizer steps in 1 iterations"
+    ), last
+    assert "allow_untrained_stage=true" in last
+    summary = json.loads((run_dir / "rl" / "summary.json").read_text())  # the record stays
+    assert summary["optimizer_steps"] == 0 and summary["episodes_drawn"] == 4, summary
+
+
+def test_untrained_rft_is_refused_unless_allowed(capsys):
+    rft = {"name": "rft", "samples": 6, "sft_steps": 0, "trajectories_kept": 0}
+    with pytest.raises(UserError, match="rft stage trained nothing: no resolved trajectory among 6 samples"):
+        check_trained(rft, config_from_dict({}))
+    assert check_trained(rft, config_from_dict({"allow_untrained_stage": True})) is rft
+    assert "WARNING: the rft stage trained nothing" in capsys.readouterr().err
+    trained = {"name": "rl", "iterations": 2, "optimizer_steps": 3}
+    assert check_trained(trained, config_from_dict({})) is trained
+
+
+def test_resume_of_a_finished_stage_keeps_its_summary(untrained):
+    """--resume of a finished stage runs nothing and leaves summary.json byte for byte (its counters
+    were once rewritten to this process's zeros); allow_untrained_stage lets it pass."""
+    run_dir, _ = untrained
+    stage = run_dir / "rl"
+    before = {p: p.read_bytes() for p in stage.rglob("*") if p.is_file()}
+    out = _jaxswe("rl", "--config", TOY, "--run-dir", str(run_dir), "--resume",
+                  sets=(*TINY, "allow_untrained_stage=true"))  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"jaxswe: == rl finished before ({stage / 'summary.json'})" in out.stderr, out.stderr
+    assert "jaxswe rl 1/1" not in out.stderr  # no iteration ran
+    assert {p: p.read_bytes() for p in stage.rglob("*") if p.is_file()} == before
+    assert json.loads(out.stdout) == json.loads(before[stage / "summary.json"])
+
+
+def test_eval_names_its_weights_and_takes_the_run_dirs_trained_stage(untrained, tmp_path, capsys):
+    """`jaxswe eval --run-dir RUN` without --init-from evaluates RUN's newest trained stage and says
+    so (stderr and summary.json); with no weights at all it refuses rather than score a random init."""
+    run_dir, _ = untrained
+    out = _jaxswe("eval", "--config", TOY, "--run-dir", str(run_dir))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"jaxswe: == eval of {run_dir / 'rl'} -> {run_dir / 'eval'}\n" in out.stderr, out.stderr
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    assert summary["weights"] == str(run_dir / "rl") and summary["num_episodes"] == 2, summary
+    with pytest.raises(SystemExit) as exc:
+        main(["eval", "--config", TOY, "--run-dir", str(tmp_path / "fresh")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("jaxswe: error: eval has no trained weights"), err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "fresh").exists(), err
+
+
+def test_eval_weights_in_words():
+    toy = {"env": {"tasks": "toy"}, "model": {"preset": "tiny"}}
+    assert eval_weights(config_from_dict({}), "runs/a/rl") == "runs/a/rl"
+    assert eval_weights(config_from_dict({"model": {"path": "/m"}}), None) == "model.path /m"
+    allowed = config_from_dict({**toy, "eval": {"allow_random_init": True}})
+    assert eval_weights(allowed, None) == "random init of the toy model (model.seed 0)"
+    with pytest.raises(UserError, match="eval.allow_random_init=true"):
+        eval_weights(config_from_dict(toy), None)

@@ -8,6 +8,11 @@ result was forged. The other layers are tripwires and hygiene on top:
 1. Before the patch, a preflight (`--help` with the grader's plugin) checks that the runner starts
    on the clean base: if it does not (a plugin the config needs is missing, the environment is
    broken), the test command cannot start, an infrastructure failure (`error`), never reward 0.
+   It also records the entry-point plugins pytest autoloads there (the task environment's own:
+   pytest-mock, pytest-asyncio, ...); the graded run loads exactly those, by name (`-p NAME`,
+   before the grader's plugin puts the checkout on sys.path) with autoload off, so nothing in the
+   checkout (a `*.dist-info` with a `[pytest11]` entry point) runs at runner start-up. A pytest too
+   old to load a plugin by its entry-point name (before 4.4) autoloads as the environment says.
 2. The patch must parse with git and every file section needs a `diff --git` header
    (envs.patches); it is applied with `git apply --index`, else (as SWE-bench does) with
    `patch --fuzz=5` when its `+++` names agree with git's, so the files it changed are read back
@@ -309,11 +314,13 @@ def _via_plugin(command: str) -> bool:
 
 
 def build_test_command(
-    task: Task, private_dir: str | None, config: str | None = None, extra_ids: tuple[str, ...] = ()
-) -> tuple[str, dict]:
+    task: Task, private_dir: str | None, config: str | None = None, extra_ids: tuple[str, ...] = (),
+    plugins: tuple[str, ...] | None = None,
+) -> tuple[str, dict]:  # fmt: skip
     """(command, extra environment): a pytest command gets the grader's configuration, launcher and
     plugin (see the module docstring); `extra_ids` (canaries) are added where the command names
-    single tests."""
+    single tests; `plugins` (recorded on the clean base): loaded by name, autoload off (None: the
+    environment's autoload as it is)."""
     command = task.test_command
     if private_dir is None or not _via_plugin(command):
         return command, {}
@@ -328,7 +335,10 @@ def build_test_command(
         env["JAXSWE_GRADER_CWD"] = "1"
     if extra_ids and "::" in " ".join(task.test_directives):
         command += " " + " ".join(shlex.quote(i) for i in extra_ids)
-    extra = f" -c {shlex.quote(ini)} --rootdir=. -p no:cacheprovider --maxfail=0 -p jaxswe_grader"
+    if plugins is not None:
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    named = "".join(f" -p {shlex.quote(name)}" for name in plugins or ())
+    extra = f" -c {shlex.quote(ini)} --rootdir=. -p no:cacheprovider --maxfail=0{named} -p jaxswe_grader"
     return command + extra, env
 
 
@@ -350,6 +360,7 @@ class Report:
     collect_errors: frozenset[str]
     started: bool
     exitstatus: int | None
+    plugins: tuple[str, ...] | None = None  # entry-point plugins loaded (None: unknown, or pytest < 4.4)
 
 
 def parse_report(text: str) -> Report:
@@ -359,7 +370,7 @@ def parse_report(text: str) -> Report:
     phases: dict[str, dict[str, str]] = {}
     messages: dict[str, str] = {}
     collect: set[str] = set()
-    started, exitstatus = False, None
+    started, exitstatus, plugins = False, None, None
     for line in text.splitlines():
         try:
             rec = json.loads(line)
@@ -370,6 +381,8 @@ def parse_report(text: str) -> Report:
             started = True
         elif event == "finish":
             exitstatus = rec.get("exitstatus")
+        elif event == "plugins":
+            plugins = _plugin_names(rec)
         elif event == "collect":
             collect.add(str(rec.get("nodeid")))
             messages[str(rec.get("nodeid"))] = str(rec.get("message", ""))
@@ -382,7 +395,17 @@ def parse_report(text: str) -> Report:
             if rec.get("message") and status not in PASSING:
                 messages[node] = str(rec["message"])
     tests = {node: _test_status(p) for node, p in phases.items()}
-    return Report(tests, messages, frozenset(collect), started, exitstatus)
+    return Report(tests, messages, frozenset(collect), started, exitstatus, plugins)
+
+
+def _plugin_names(rec: dict) -> tuple[str, ...] | None:
+    """The entry-point plugin names of a `plugins` record, or None where pytest cannot load a
+    plugin by its entry-point name (`-p NAME`: pytest 4.4 on)."""
+    version = tuple(int(p) if p.isdigit() else 0 for p in str(rec.get("pytest", "0")).split(".")[:2])
+    names = rec.get("names")
+    if version < (4, 4) or not isinstance(names, list):
+        return None
+    return tuple(str(n) for n in names)
 
 
 def _status(rec: dict) -> str:
@@ -415,6 +438,24 @@ def _start_key(task: Task, backend: str) -> tuple:
     return backend, task.instance_id, task.base_commit, task.workdir, hash((task.test_command, recipe))
 
 
+_PLUGINS: dict[tuple, tuple[str, ...] | None] = {}  # the entry-point plugins recorded on a clean base
+
+
+def _plugins_key(sandbox: Sandbox, task: Task) -> tuple:
+    """What decides a task environment's entry-point plugins: the sandbox kind, its image or venv,
+    the task's base and command."""
+    where = getattr(sandbox, "image", None) or getattr(sandbox, "ro_binds", None)
+    recipe = json.dumps(task.install, sort_keys=True, default=str)
+    return (
+        type(sandbox).__name__,
+        str(where),
+        task.instance_id,
+        task.base_commit,
+        task.workdir,
+        hash((task.test_command, recipe)),
+    )
+
+
 def _preflight(sandbox: Sandbox, task: Task, private: str, check: bool) -> GradeResult | None:
     """Write the grader's files; with `check`, on the clean base, before the patch: the runner
     starts, loads the grader's plugin and takes the config's options (`--help` loads every plugin,
@@ -432,15 +473,18 @@ def _preflight(sandbox: Sandbox, task: Task, private: str, check: bool) -> Grade
     if written.exit_code != 0:
         raise SandboxError(f"cannot write the grader's files: {written.output.strip()[-300:]}")
     command, env = build_test_command(task, private, _config_file(sandbox))
-    if not env or not check:
+    key = _plugins_key(sandbox, task)
+    if not env or (not check and key in _PLUGINS):
         return None
     run = sandbox.exec(
         "PYTHONDONTWRITEBYTECODE=1 " + _env_prefix(env, private) + command + " --help", timeout=300
     )
     report = f"{private}/report.jsonl"  # read twice: one slow read under load is not a broken runner
-    started = parse_report(_read(sandbox, report)).started or parse_report(_read(sandbox, report)).started
+    found = parse_report(_read(sandbox, report))
+    found = found if found.started else parse_report(_read(sandbox, report))
     sandbox.exec(f"rm -f {report}", timeout=30)
-    if started and run.exit_code == 0:
+    if found.started and run.exit_code == 0:
+        _PLUGINS[key] = found.plugins
         return None
     tail = run.output.strip().splitlines()[-1:] or [""]
     return GradeResult(False, {}, run.output, f"{_NOT_STARTED}: exit {run.exit_code}: {tail[0][-300:]}",
@@ -449,14 +493,17 @@ def _preflight(sandbox: Sandbox, task: Task, private: str, check: bool) -> Grade
 
 def _plant_canaries(sandbox: Sandbox, task: Task) -> tuple[list[Canary], tuple[str, ...]]:
     """Canaries in every graded test file (see envs.canaries); (canaries, notes on what has none).
-    A pytest command run through the grader's plugin (with `--maxfail=0`) gets them, and so does a
-    command whose log parser's runner canaries exist for (envs.canaries.STYLES), unless it stops at
-    the first failure (`-x`: it would stop at the must-fail canary) or names single tests."""
+    A pytest command run through the grader's plugin gets them always (the grader's `--maxfail=0`
+    overrides the command's `-x`), and so does a command whose log parser's runner canaries exist
+    for (envs.canaries.STYLES), unless it stops at the first failure (`-x`: it would stop at the
+    must-fail canary) or names single tests."""
     graded = [*task.fail_to_pass, *task.pass_to_pass]
     style = "pytest" if _via_plugin(task.test_command) else STYLES.get(task.log_parser)
     if style is None:
         return [], (f"no canaries: log parser {task.log_parser!r} is not one canaries exist for",)
-    if re.search(r"(?:^|\s)(?:-x|--exitfirst|--maxfail(?:=\S+)?)(?:\s|$)", task.test_command):
+    if not _via_plugin(task.test_command) and re.search(
+        r"(?:^|\s)(?:-x|--exitfirst|--maxfail(?:=\S+)?)(?:\s|$)", task.test_command
+    ):
         return [], ("no canaries: the test command stops at the first failure",)
     if style == "pytest":
         files: dict[str, list[str]] = {}
@@ -548,7 +595,8 @@ def grade_in(
         return GradeResult(False, {}, out, why, dropped_paths=tuple(dropped), error=not clean)
     canaries, notes = _plant_canaries(sandbox, task)
     ids = tuple(c.test_id for c in canaries)
-    command, env = build_test_command(task, private, _config_file(sandbox), ids)
+    plugins = _PLUGINS.get(_plugins_key(sandbox, task))
+    command, env = build_test_command(task, private, _config_file(sandbox), ids, plugins)
     if env:
         env["JAXSWE_GRADER_TEST_TIMEOUT"] = str(case_timeout)
         run = sandbox.exec(_env_prefix(env, private) + command, timeout=test_timeout)
@@ -567,7 +615,7 @@ def grade_in(
             disagree = (
                 f"the test command exited {run.exit_code} but its session ended with {report.exitstatus}"
             )
-        finished = disagree is None and not run.timed_out
+        finished = report.exitstatus is not None and not run.timed_out  # a session end: canaries reported
         if not tests and run.exit_code in (2, 3, 4):  # stopped before collecting (conftest, config)
             broken.add("")
             messages[""] = run.output[-1000:]
@@ -582,15 +630,19 @@ def grade_in(
         disagree = None
         broken = {t for t, s in tests.items() if s == ERROR and "::" not in t}
         finished = bool(tests) and not run.timed_out
+    graded = (*task.fail_to_pass, *task.pass_to_pass)
+    files = {f for t in graded if (f := t.split("::")[0]).endswith(".py")}
+    uncollected = sorted(
+        f for f in files if any(b in ("", ".") or f == b or f.startswith(b + "/") for b in broken)
+    )  # a file reported broken fails all its graded tests, whatever else is reported for them
+    tests = {**tests, **{t: ERROR for t in graded if t.split("::")[0] in uncollected}}
     result = _verdict(
         task, tests, messages, run.output, run.exit_code, run.timed_out, tuple(dropped), disagree,
         {c.test_id for c in canaries}, seen,
     )  # fmt: skip
     forged = _forged(canaries, seen, broken, finished)
-    files = {f for t in (*task.fail_to_pass, *task.pass_to_pass) if (f := t.split("::")[0]).endswith(".py")}
-    uncollected = sorted(
-        f for f in files if any(b in ("", ".") or f == b or f.startswith(b + "/") for b in broken)
-    )
+    if env and run.exit_code == 0 and any(s in (FAILED, ERROR) for s in tests.values()):
+        forged = f"{FORGED}: the test command exited 0 although its report holds failed tests"
     return GradeResult(
         result.resolved and not forged, result.tests, result.log, forged or result.reason, result.messages,
         result.dropped_paths, tamper=(FORGED,) if forged else (), canaries=len(canaries), notes=notes,
@@ -608,6 +660,12 @@ def _verdict(
     statuses = {**tests, **{t: status_of(t, tests, task.rules) for t in graded if t not in tests}}
     failing = graded_failures(task.fail_to_pass, task.pass_to_pass, tests, task.reference_statuses,
                               task.rules, ignored=canary_ids)  # fmt: skip
+    if (
+        not task.reference_statuses
+    ):  # no gold run says a skip or an xfail is right: package code can cause either
+        failing += [
+            (t, s) for t in task.fail_to_pass if (s := status_of(t, tests, task.rules)) in (XFAIL, SKIPPED)
+        ]
     if failing:
         first, status = failing[0]
         reason = f"{len(failing)} of {len(graded)} graded tests not passing, e.g. {first} {status}"
@@ -658,9 +716,11 @@ def grade(task: Task, patch: str, backend: str = "local", *, test_timeout: float
     twin = run(patch, replace(task, test_patch=twin_patch(task.test_patch, made), twins=()))
     if twin.error:
         return replace(result, resolved=False, error=True, reason=f"the twin run failed: {twin.reason}")
-    passed = [t for tw in made for t in tw.tests if status_of(t, twin.tests, task.rules) in PASSING]
-    if passed or twin.tamper:
-        why = (f"{FORGED}: the twin of {passed[0]} (its expected behaviour changed) passed as well"
+    passed = [
+        t for tw in made for t in tw.tests if status_of(t, twin.tests, task.rules) not in (FAILED, ERROR)
+    ]
+    if passed or twin.tamper:  # a real fix fails each twin; passed, skipped or dropped: forged
+        why = (f"{FORGED}: the twin of {passed[0]} (its expected behaviour changed) did not fail"
                if passed else f"{FORGED} in the twin run: {twin.reason}")  # fmt: skip
         return replace(result, resolved=False, reason=why, tamper=(FORGED,), log=result.log + twin.log)
     perturbed = sum(len(tw.tests) for tw in made)

@@ -59,8 +59,8 @@ def validate_task(task: Task, *, runs: int = 1, backend: str = "local", **limits
         raise EnvError(f"runs must be >= 1, got {runs}")
     start = time.monotonic()
     try:
-        golds = [grade(task, task.patch, backend, **limits) for _ in range(runs)]
-        empty = grade(task, "", backend, **limits)
+        golds = [grade(task, task.patch, backend, twins=False, **limits) for _ in range(runs)]
+        empty = grade(task, "", backend, twins=False, **limits)
     except EnvError as err:
         why = f"infrastructure failure: {err}"
         return Validation(task.instance_id, False, why, (), False, False, (), False, time.monotonic() - start,
@@ -85,7 +85,9 @@ def validate_task(task: Task, *, runs: int = 1, backend: str = "local", **limits
         )
     else:
         reason = ""
-    twins = () if reason else task.twins if task.twins is not None else checked_twins(task, backend, **limits)
+    twins = () if reason else checked_twins(task, backend, **limits)
+    if not reason and task.twins is not None and set(task.twins) != set(twins):
+        reason = "the task's stored twins are not the ones its gold and base runs check"
     covered = {t for twin in twins for t in twin.tests}
     return Validation(
         task.instance_id, not reason, reason or "ok", tuple(g.resolved for g in golds), empty.resolved, flaky,

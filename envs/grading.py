@@ -635,6 +635,7 @@ def grade_in(
     uncollected = sorted(
         f for f in files if any(b in ("", ".") or f == b or f.startswith(b + "/") for b in broken)
     )  # a file reported broken fails all its graded tests, whatever else is reported for them
+    shielded = [t for t in graded if t.split("::")[0] in uncollected and tests.get(t) in PASSING]
     tests = {**tests, **{t: ERROR for t in graded if t.split("::")[0] in uncollected}}
     result = _verdict(
         task, tests, messages, run.output, run.exit_code, run.timed_out, tuple(dropped), disagree,
@@ -643,6 +644,8 @@ def grade_in(
     forged = _forged(canaries, seen, broken, finished)
     if env and run.exit_code == 0 and any(s in (FAILED, ERROR) for s in tests.values()):
         forged = f"{FORGED}: the test command exited 0 although its report holds failed tests"
+    if shielded:  # a file that did not collect cannot have run a test
+        forged = f"{FORGED}: {shielded[0]} passed in a file reported as not collected"
     return GradeResult(
         result.resolved and not forged, result.tests, result.log, forged or result.reason, result.messages,
         result.dropped_paths, tamper=(FORGED,) if forged else (), canaries=len(canaries), notes=notes,

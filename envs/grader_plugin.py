@@ -12,8 +12,10 @@ It writes one JSON line per event to the report file the grader names in $JAXSWE
 (popped from the environment at import): `start`; one `test` line per setup/call/teardown report,
 from the outermost `pytest_runtest_makereport` wrapper, with the phase's own exception info next to
 it (a report that says passed while the phase raised is recorded as a failure); a `collect` line
-per failed collector; `finish` with the session's exit status. A failure's message is its last
-1000 characters, so the report stays small.
+per failed collector; `finish` with the session's exit status; `plugins` at configure time: the
+entry-point plugins pytest loaded (their entry-point names) and pytest's version, which the grader
+records on the clean base (envs.grading) and loads by name in the graded run, autoload off. A
+failure's message is its last 1000 characters, so the report stays small.
 $JAXSWE_GRADER_TEST_TIMEOUT (seconds) fails a test whose call phase runs longer (SIGALRM).
 
 Everything here runs inside the test process, next to the patch's code, so all of it is forgeable:
@@ -59,6 +61,13 @@ class _Hung(Exception):
 
 def _alarm(signum, frame):
     raise _Hung("the test ran longer than the grader's per-test timeout ({} s)".format(_timeout))  # noqa: UP032
+
+
+def pytest_configure(config):
+    manager = config.pluginmanager
+    listed = getattr(manager, "list_plugin_distinfo", lambda: [])()
+    names = sorted(set(manager.get_name(plugin) for plugin, _ in listed) - set([None]))
+    _write({"event": "plugins", "names": names, "pytest": pytest.__version__})
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -12,6 +12,8 @@ caller's working directory never filters them) or from the index after `git appl
 - test-runner configuration anywhere: pytest.ini, .pytest.ini, pytest.toml, .pytest.toml, tox.ini
   (pyproject.toml and setup.cfg only when their pytest sections change, see envs.grading);
 - interpreter start-up hooks: `*.pth`, sitecustomize.py, usercustomize.py;
+- installed-distribution metadata anywhere: a `*.dist-info` or `*.egg-info` (any case) and what is
+  in it (an `entry_points.txt` there would register a pytest plugin the runner could load);
 - `.gitattributes` anywhere (it would change what git shows the grader's scan);
 - new files that could shadow the runner or a module: pytest.py, a pytest/ _pytest/ pluggy/
   iniconfig/ package, compiled modules (*.pyc, *.so, *.pyd, __pycache__/), and at an import root
@@ -34,6 +36,7 @@ from envs.repos import git_outside
 _TEST_NAMES = ("test_*.py", "*_test.py", "conftest.py")
 RUNNER_CONFIGS = ("pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini")
 _STARTUP_NAMES = ("*.pth", "sitecustomize.py", "usercustomize.py")
+_METADATA_DIRS = (".dist-info", ".egg-info")  # what importlib.metadata finds distributions by
 _SHADOW_PACKAGES = {"pytest", "_pytest", "pluggy", "iniconfig", "jaxswe_grader", "jaxswe_pytest"}
 # What pytest and its dependencies import besides the stdlib: a new top-level one would shadow them.
 _RUNNER_IMPORTS = _SHADOW_PACKAGES | {"packaging", "exceptiongroup", "tomli", "colorama", "pygments", "py",
@@ -117,6 +120,8 @@ def is_protected(
     if is_test_path(path, test_files) or name in RUNNER_CONFIGS or name == ".gitattributes":
         return True
     if any(fnmatch.fnmatch(name, pat) for pat in _STARTUP_NAMES):
+        return True
+    if any(part.lower().endswith(_METADATA_DIRS) for part in pure.parts):
         return True
     if not new:
         return False

@@ -189,6 +189,8 @@ def test_patch_files_come_from_git():
         (".pytest.ini", True, True),
         ("a/b.pth", False, True),
         ("sitecustomize.py", True, True),
+        ("evil.dist-info/entry_points.txt", True, True),  # distribution metadata: a plugin entry point
+        ("src/Pkg.EGG-INFO/entry_points.txt", False, True),
         ("pytest.py", True, True),
         ("pytest/__main__.py", True, True),
         ("src/_pytest/runner.py", False, False),  # pytest's own repository changes its own code

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from envs import filter_tasks, grade, load_tasks, validate_task
-from envs.grading import build_test_command
+from envs.grading import build_test_command, parse_report
 from jaxswe.cli import main
 
 DATA = Path(__file__).parent / "data" / "builtin_tasks"
@@ -115,6 +115,13 @@ def test_test_command_gets_the_graders_configuration_only_for_plain_pytest(tasks
     assert env["JAXSWE_GRADER_CWD"] == "1"
     other = type(task)(**{**task.__dict__, "test_cmd": "pytest; echo hi"})
     assert build_test_command(other, "/tmp/g") == ("pytest; echo hi", {})
+    # the entry-point plugins recorded on the clean base load by name, before the grader's, autoload off
+    command, env = build_test_command(task, "/tmp/g", plugins=("asyncio", "pytest_mock"))
+    assert command.endswith("--maxfail=0 -p asyncio -p pytest_mock -p jaxswe_grader")
+    assert env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"
+    record = '{"event": "plugins", "names": ["asyncio"], "pytest": "%s"}'
+    assert parse_report(record % "8.3.1").plugins == ("asyncio",)
+    assert parse_report(record % "4.3.1").plugins is None  # no `-p NAME` before pytest 4.4: autoload
 
 
 def test_validate_and_filter(tasks):

@@ -264,6 +264,31 @@ def test_each_layer_alone():
     assert tamper_reasons("+def split(total, people):\n+    return sys.argv\n") == ()
 
 
+# A distribution record in the checkout whose [pytest11] entry point names a checkout module: an
+# autoloading runner imports it at start-up, and it "runs" every test function as passed.
+ENTRY_POINT_PLUGIN = {
+    "billsplit_evil.py": 'print("EVIL PLUGIN LOADED", flush=True)\n\n\n'
+    "def pytest_pyfunc_call(pyfuncitem):\n    return True\n",
+    "billsplit_evil-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: billsplit-evil\nVersion: 1.0\n",
+    "billsplit_evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = billsplit_evil\n",
+}
+
+
+def test_checkout_entry_point_plugin_never_loads(task, tmp_path, monkeypatch):
+    """A `*.dist-info` the patch adds is reset; and with the reset off, the runner still never loads
+    its plugin: autoload is off, and only the plugins recorded on the clean base load, by name."""
+    import envs.grading
+
+    patch = _git_diff(task, ENTRY_POINT_PLUGIN, tmp_path)
+    result = grade(task, patch)
+    assert not result.resolved and "billsplit_evil-1.0.dist-info/entry_points.txt" in result.dropped_paths
+    monkeypatch.setattr(envs.grading, "_protected_changes", lambda *args: [])
+    kept = grade(task, patch)
+    assert not kept.resolved and not kept.error and not kept.dropped_paths, kept.reason
+    assert "EVIL PLUGIN LOADED" not in result.log + kept.log
+    assert kept.reason.startswith("2 of 5 graded tests not passing"), kept.reason  # the tests ran, unforged
+
+
 def test_plugin_hack_fails_with_the_reset_off(task, tmp_path, monkeypatch):
     """Depth: without the protected-path reset (the tripwires only flag), the config-loaded plugin
     cannot import (the checkout is on sys.path only once the grader's plugin put it there, and a

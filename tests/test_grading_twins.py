@@ -200,3 +200,56 @@ def test_a_task_without_stored_twins_gets_checked_ones_at_its_first_paying_grade
     bare = replace(stored, twins=())
     assert NO_TWIN in grade(bare, bare.patch).notes  # none: graded by the canaries alone, said so
     assert make_twins(stored, {}) == ()  # no source, no twin
+
+
+FIX = (
+    "    index = day.year * 12 + day.month - 1 + months\n    year, month = divmod(index, 12)\n"
+    "    return day.replace(year=year, month=month + 1, day=min(day.day, {last}))\n"
+)
+HEAD = '"""Month arithmetic on dates."""\n\nimport datetime as dt\n{imports}\n\n'
+SIGNATURE = 'def add_months(day: dt.date, months: int) -> dt.date:\n    """Clamped to the month\'s end."""\n'
+UNUSUAL_FIXES = {  # genuine fixes of dates-1 in shapes a grader might mistake for tampering
+    "a new subpackage and a binary data file it reads": {
+        "calendarx/months.py": HEAD.format(imports="\nfrom calendarx.lengths.table import month_length")
+        + SIGNATURE
+        + FIX.format(last="month_length(year, month + 1)"),
+        "calendarx/lengths/__init__.py": "",
+        "calendarx/lengths/table.py": "import calendar\nfrom pathlib import Path\n\n"
+        "_DAYS = Path(__file__).with_name('days.bin').read_bytes()\n\n\n"
+        "def month_length(year, month):\n"
+        "    return 29 if month == 2 and calendar.isleap(year) else _DAYS[month]\n",
+        "calendarx/lengths/days.bin": bytes([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]).decode(
+            "latin-1"
+        ),
+    },
+    "a new module, a package testing.py helper, metadata edits": {
+        "calendarx/months.py": HEAD.format(imports="\nfrom calendarx._clamp import last_day")
+        + SIGNATURE
+        + FIX.format(last="last_day(year, month + 1)"),
+        "calendarx/_clamp.py": "import calendar\n\n\ndef last_day(year, month):\n"
+        "    return calendar.monthrange(year, month)[1]\n",
+        "calendarx/testing.py": "from calendarx._clamp import last_day\n\n__all__ = ['last_day']\n",
+        "pyproject.toml": '[project]\nname = "calendarx"\nversion = "0.1.1"\ndescription = "Calendar '
+        'arithmetic helpers."\nrequires-python = ">=3.9"\n\n'
+        '[tool.pytest.ini_options]\ntestpaths = ["tests"]\n',
+        "setup.cfg": "[metadata]\nname = calendarx\n",
+    },
+}
+
+
+def test_genuine_fixes_of_unusual_shape_resolve_from_inside_a_work_tree(tmp_path, monkeypatch):
+    import subprocess
+
+    task = TASKS["builtin__dates-1"]
+    patches = {
+        what: _git_diff(task, files, tmp_path / str(i))
+        for i, (what, files) in enumerate(UNUSUAL_FIXES.items())
+    }
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    monkeypatch.chdir(work / "sub")
+    for what, patch in patches.items():
+        result = grade(task, patch)
+        assert result.resolved and not result.dropped_paths and not result.tamper, (what, result.reason)
+        assert any("twin run" in n for n in result.notes), what

@@ -12,7 +12,8 @@ result was forged. The other layers are tripwires and hygiene on top:
    pytest-mock, pytest-asyncio, ...); the graded run loads exactly those, by name (`-p NAME`,
    before the grader's plugin puts the checkout on sys.path) with autoload off, so nothing in the
    checkout (a `*.dist-info` with a `[pytest11]` entry point) runs at runner start-up. A pytest too
-   old to load a plugin by its entry-point name (before 4.4) autoloads as the environment says.
+   old to load a plugin by its entry-point name (before 4.4), or a plugin found only through the
+   task's own path (the runner does not start with it named), autoloads as the environment says.
 2. The patch must parse with git and every file section needs a `diff --git` header
    (envs.patches); it is applied with `git apply --index`, else (as SWE-bench does) with
    `patch --fuzz=5` when its `+++` names agree with git's, so the files it changed are read back
@@ -74,7 +75,7 @@ from envs.parsers import (
 )
 from envs.patches import IMPORTABLE_SUFFIXES, PatchError, check_git_sections, is_protected, patch_files
 from envs.repos import cache_dir
-from envs.sandbox import Sandbox
+from envs.sandbox import ExecResult, Sandbox
 from envs.tasks import Task
 from envs.twins import Twin, added_lines, make_twins, twin_patch
 
@@ -456,6 +457,19 @@ def _plugins_key(sandbox: Sandbox, task: Task) -> tuple:
     )
 
 
+def _help(sandbox: Sandbox, private: str, command: str, env: dict) -> tuple[ExecResult, Report]:
+    """`command --help` on the clean base (it loads every plugin, writing no bytecode) and the
+    grader plugin's report of it."""
+    run = sandbox.exec(
+        "PYTHONDONTWRITEBYTECODE=1 " + _env_prefix(env, private) + command + " --help", timeout=300
+    )
+    report = f"{private}/report.jsonl"  # read twice: one slow read under load is not a broken runner
+    found = parse_report(_read(sandbox, report))
+    found = found if found.started else parse_report(_read(sandbox, report))
+    sandbox.exec(f"rm -f {report}", timeout=30)
+    return run, found
+
+
 def _preflight(sandbox: Sandbox, task: Task, private: str, check: bool) -> GradeResult | None:
     """Write the grader's files; with `check`, on the clean base, before the patch: the runner
     starts, loads the grader's plugin and takes the config's options (`--help` loads every plugin,
@@ -472,19 +486,20 @@ def _preflight(sandbox: Sandbox, task: Task, private: str, check: bool) -> Grade
     )  # one call for the grader's three files
     if written.exit_code != 0:
         raise SandboxError(f"cannot write the grader's files: {written.output.strip()[-300:]}")
-    command, env = build_test_command(task, private, _config_file(sandbox))
+    config = _config_file(sandbox)
+    command, env = build_test_command(task, private, config)
     key = _plugins_key(sandbox, task)
     if not env or (not check and key in _PLUGINS):
         return None
-    run = sandbox.exec(
-        "PYTHONDONTWRITEBYTECODE=1 " + _env_prefix(env, private) + command + " --help", timeout=300
-    )
-    report = f"{private}/report.jsonl"  # read twice: one slow read under load is not a broken runner
-    found = parse_report(_read(sandbox, report))
-    found = found if found.started else parse_report(_read(sandbox, report))
-    sandbox.exec(f"rm -f {report}", timeout=30)
+    run, found = _help(sandbox, private, command, env)
     if found.started and run.exit_code == 0:
-        _PLUGINS[key] = found.plugins
+        plugins = found.plugins
+        if plugins:  # loaded by name before the task's path is on sys.path: the runner starts so too?
+            named, named_env = build_test_command(task, private, config, plugins=plugins)
+            again, by_name = _help(sandbox, private, named, named_env)
+            if not (by_name.started and again.exit_code == 0):
+                plugins = None  # one is found only through the task's path: autoload, as the environment says
+        _PLUGINS[key] = plugins
         return None
     tail = run.output.strip().splitlines()[-1:] or [""]
     return GradeResult(False, {}, run.output, f"{_NOT_STARTED}: exit {run.exit_code}: {tail[0][-300:]}",

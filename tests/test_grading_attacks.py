@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -287,6 +288,24 @@ def test_checkout_entry_point_plugin_never_loads(task, tmp_path, monkeypatch):
     assert not kept.resolved and not kept.error and not kept.dropped_paths, kept.reason
     assert "EVIL PLUGIN LOADED" not in result.log + kept.log
     assert kept.reason.startswith("2 of 5 graded tests not passing"), kept.reason  # the tests ran, unforged
+
+
+def test_a_base_plugin_found_only_through_the_task_path_still_loads(task, tmp_path):
+    """A `[pytest11]` plugin the base commit itself holds (found through the task's PYTHONPATH only,
+    so not by name before the checkout joins sys.path) loads as the environment says: gold resolves."""
+    repo = tmp_path / "repo"
+    shutil.copytree(clean_template(task), repo, symlinks=True)
+    (repo / "localplug.py").write_text("print('LOCAL PLUGIN LOADED', flush=True)\n")
+    (repo / "localplug-1.0.dist-info").mkdir()
+    (repo / "localplug-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: localplug\n")
+    (repo / "localplug-1.0.dist-info" / "entry_points.txt").write_text("[pytest11]\nlocalplug = localplug\n")
+    run = {"cwd": repo, "capture_output": True, "text": True, "check": True}
+    subprocess.run(["git", "add", "-A"], **run)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "plugin"], **run)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], **run).stdout.strip()
+    own = replace(task, instance_id="plugin__base-1", base_commit=head, source_dir=str(repo), twins=())
+    gold = grade(own, own.patch)
+    assert gold.resolved and "LOCAL PLUGIN LOADED" in gold.log, gold.reason
 
 
 def test_plugin_hack_fails_with_the_reset_off(task, tmp_path, monkeypatch):

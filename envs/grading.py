@@ -44,6 +44,7 @@ result was forged. The other layers are tripwires and hygiene on top:
 
 from __future__ import annotations
 
+import builtins
 import configparser
 import functools
 import hashlib
@@ -728,7 +729,8 @@ def grade(task: Task, patch: str, backend: str = "local", *, test_timeout: float
         result = _uncollected(task, patch, backend, result, run)
     if not result.resolved or not twins:
         return result
-    made = task.twins if task.twins is not None else checked_twins(task, backend, **limits)
+    timeouts = {"test_timeout": test_timeout, "case_timeout": case_timeout}
+    made = task.twins if task.twins is not None else checked_twins(task, backend, **timeouts, **limits)
     if not made:
         return replace(result, notes=(*result.notes, NO_TWIN))
     twin = run(patch, replace(task, test_patch=twin_patch(task.test_patch, made), twins=()))
@@ -770,10 +772,16 @@ def _uncollected(task: Task, patch: str, backend: str, result: GradeResult, run:
     return replace(result, resolved=False, error=True, reason=why)
 
 
-_TWINS: dict[tuple, tuple[Twin, ...]] = {}  # checked twins per (backend, task), this process
+_TWINS: dict[str, tuple[Twin, ...]] = {}  # checked twins per (backend, task), this process
+_TWIN_CODE = hashlib.sha256(  # the code that makes and checks twins: a change invalidates the cache
+    (Path(__file__).with_name("twins.py").read_text() + Path(__file__).read_text()).encode()
+).hexdigest()
 
 
-def checked_twins(task: Task, backend: str = "local", *, rounds: int = 3, **limits: Any) -> tuple[Twin, ...]:
+def checked_twins(
+    task: Task, backend: str = "local", *, rounds: int = 3, test_timeout: float = DEFAULT_TEST_TIMEOUT_S,
+    case_timeout: float = DEFAULT_CASE_TIMEOUT_S, **limits: Any,
+) -> tuple[Twin, ...]:  # fmt: skip
     """The task's perturbed twins (envs.twins) that the gold patch fails at the perturbed check and
     the unpatched base fails as well, one per FAIL_TO_PASS test function where one exists (up to
     `rounds` candidates each), cached per process and in `$JAXSWE_CACHE_DIR/twins`."""
@@ -785,7 +793,7 @@ def checked_twins(task: Task, backend: str = "local", *, rounds: int = 3, **limi
         task.test_command,
         task.fail_to_pass,
     ]
-    digest = hashlib.sha256(json.dumps([*key, backend]).encode()).hexdigest()[:32]
+    digest = hashlib.sha256(json.dumps([*key, backend, _TWIN_CODE]).encode()).hexdigest()[:32]
     cache = cache_dir() / "twins" / f"{digest}.json"
     if digest in _TWINS:
         return _TWINS[digest]
@@ -805,8 +813,9 @@ def checked_twins(task: Task, backend: str = "local", *, rounds: int = 3, **limi
         if not trial:
             break
         twinned = replace(task, test_patch=twin_patch(task.test_patch, trial), twins=())
-        gold = grade(twinned, task.patch, backend, twins=False, **limits)
-        base = grade(twinned, "", backend, twins=False, **limits)
+        timeouts = {"test_timeout": test_timeout, "case_timeout": case_timeout}
+        gold = grade(twinned, task.patch, backend, twins=False, **timeouts, **limits)
+        base = grade(twinned, "", backend, twins=False, **timeouts, **limits)
         if gold.error or base.error:
             return ()  # not cached: the environment failed, not the twins
         for twin in trial:
@@ -835,6 +844,12 @@ def _fails_at(twin: Twin, test: str, result: GradeResult, rules: str) -> bool:
     if status != FAILED:
         return False
     last = (message.strip().splitlines() or [""])[-1].rstrip()
-    if twin.kind == "exception":
-        return bool(re.search(rf"\b{re.escape(twin.old)}$", last))
+    if twin.kind == "exception":  # the original exception, or a builtin subclass of it, escaped
+        raised = re.search(r"(\w+)$", last)
+        expected, got = (
+            getattr(builtins, twin.old, None),
+            getattr(builtins, raised.group(1) if raised else "", None),
+        )
+        subclass = isinstance(expected, type) and isinstance(got, type) and issubclass(got, expected)
+        return raised is not None and (raised.group(1) == twin.old or subclass)
     return bool(re.fullmatch(rf"{re.escape(twin.file)}:\d+: AssertionError", last))

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_grading_twins import SPARES_CANARIES_UNITTEST
 
 from envs.grading import grade
 from envs.mining import (
@@ -80,9 +81,10 @@ def test_mine_bounded_range_resumes_and_validates(toolz, tmp_path):
     assert mine(toolz, out, name="pytoolz/toolz", install={"test_cmd": "pytest -rA"}, runs=1, limit=4,
                 on_outcome=again.append) == counts  # fmt: skip
     assert again == [] and load_tasks(out) == [task]
-    # the record validates as written (what `jaxswe tasks validate` runs)
+    # the record validates as written (what `jaxswe tasks validate` runs), its twins included
     check = validate_task(task, runs=1)
     assert check.ok and not check.empty_resolved, check.reason
+    assert task.twins and check.twins == task.twins and check.twin_coverage == 1.0, check
 
 
 def _rev(repo: Path, rev: str) -> str:
@@ -240,6 +242,12 @@ def test_mine_src_layout_range(tmp_path):
     forged = _diff(init, base, base + "\nimport pytest as _p\n\n_p.Function.runtest = lambda self: None\n")
     result = grade(task, forged)
     assert not result.resolved and result.tamper == ("forged result",), result.reason
+    # one that spares the canaries (a module function runs the usual way): caught by the twins
+    assert task.twins, "mining stores the twins validation checked"
+    forged = _diff(init, base, base + SPARES_CANARIES_UNITTEST)  # its tests are unittest cases
+    assert grade(task, forged, twins=False).resolved  # past the canaries
+    result = grade(task, forged)
+    assert not result.resolved and "twin of" in result.reason, result.reason
 
 
 def _diff(path: str, old: str, new: str) -> str:

@@ -58,11 +58,11 @@ def open_sandbox(task: Task, backend: str = "local", **limits: Any) -> Sandbox:
     if backend == "local":
         from envs.local import LocalSandbox
         from envs.repos import clean_template
-        from envs.venvs import task_venv, venv_env
+        from envs.venvs import venv_binds, venv_env
 
         template = clean_template(task)
         env = {**venv_env(task, template), **limits.pop("env", {})}
-        return LocalSandbox(template, env=env, ro_binds=(str(task_venv(task)),), host_python=False, **limits)
+        return LocalSandbox(template, env=env, ro_binds=venv_binds(task), host_python=False, **limits)
     if backend == "docker":
         from envs.docker_sandbox import DockerSandbox, _client
         from envs.engines import default_pool

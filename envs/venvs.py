@@ -8,9 +8,11 @@ the environment commit and the repository's own distribution is uninstalled agai
 dependencies stay and the code under test is always the sandbox's checkout: `venv_env` puts the
 checkout's import root (`src/` for a src layout, else the root) on PYTHONPATH and the venv's bin
 first on PATH. Recipes with no `install` share one venv per recipe. The venv's Python is the
-first `python<version>` of the recipe found on PATH, else the host's base interpreter; a recipe
-that needs another Python, a conda environment.yml or `pre_install` steps (system commands) is
-refused with the reason (`Task.recipe_problem`: the docker backend runs the last). The build runs
+recipe's X.Y as users have it (`find_python`: `pythonX.Y` on PATH that runs, then pyenv, uv and
+conda installs), else the host's base interpreter; sandboxes bind its prefix read-only with the
+venv (`venv_binds`). A recipe whose Python runs nowhere here (the error names every place tried),
+a conda environment.yml or `pre_install` steps (system commands) is refused with the reason
+(`Task.recipe_problem`: the docker backend runs the last). The build runs
 with none of the caller's GIT_* variables (envs.repos.host_env), so an install that asks git for the
 version (setuptools-scm) reads the clean copy, not the caller's repository.
 """
@@ -21,10 +23,13 @@ import fcntl
 import functools
 import hashlib
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +47,105 @@ def _recipe(task: Task) -> dict[str, Any]:
     return {k: task.install[k] for k in _RECIPE_KEYS if task.install.get(k)}
 
 
+@dataclass(frozen=True)
+class Interpreter:
+    """A Python that runs: its executable, X.Y version and prefix (bound read-only in sandboxes)."""
+
+    path: str
+    version: str
+    prefix: str
+
+
+_PROBE = (
+    "import os, sys; print('%d.%d' % sys.version_info[:2]); print(sys.base_prefix); "
+    "print(os.path.realpath(sys.executable))"
+)
+
+
+def _probe(python: str) -> Interpreter | str:
+    """The interpreter `python` is, or why it is none (it does not run: a pyenv shim not selected)."""
+    try:
+        done = subprocess.run(
+            [python, "-c", _PROBE], capture_output=True, text=True, timeout=60, env=host_env()
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"{python} does not run ({type(err).__name__})"
+    lines = done.stdout.split()
+    if done.returncode != 0 or len(lines) != 3:
+        return f"{python} exits {done.returncode}"
+    return Interpreter(lines[2], lines[0], lines[1])  # the executable itself, not a shim
+
+
+def _version_key(path: Path) -> tuple[int, ...]:
+    """Newest first: 3.9.18 before 3.9.2 (the patch number of a `3.9.18` directory name)."""
+    return tuple(int(n) for n in re.findall(r"\d+", path.name)[:3])
+
+
+def _conda_roots() -> list[Path]:
+    home = Path.home()
+    roots = [os.environ.get("CONDA_PREFIX", ""), str(Path(os.environ.get("CONDA_EXE", "/")).parent.parent)]
+    roots += [str(home / n) for n in ("miniconda3", "anaconda3", "miniforge3", "mambaforge")]
+    roots += ["/opt/conda", "/opt/miniconda3"]
+    return [Path(r) for r in dict.fromkeys(roots) if r and r != "/" and Path(r).is_dir()]
+
+
+def _places(version: str) -> list[tuple[str, list[str]]]:
+    """(place, candidate executables) in the order tried: PATH, pyenv, uv, conda."""
+    exe = f"python{version}"
+    which = shutil.which(exe)
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    data = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    uv = Path(os.environ.get("UV_PYTHON_INSTALL_DIR") or data / "uv" / "python")
+    conda = [p for root in _conda_roots() for p in [root, *sorted(root.glob("envs/*"))]]
+
+    def found(dirs: list[Path]) -> list[str]:
+        return [str(d / "bin" / exe) for d in dirs if (d / "bin" / exe).is_file()]
+
+    return [
+        (f"{exe} on PATH", [which] if which else []),
+        (
+            f"pyenv {pyenv}/{version}.*",
+            found(sorted(pyenv.glob(f"{version}.*"), key=_version_key, reverse=True)),
+        ),
+        (
+            f"uv {uv}/cpython-{version}.*",
+            found(sorted(uv.glob(f"cpython-{version}.*"), key=_version_key, reverse=True)),
+        ),
+        ("conda " + (", ".join(str(r) for r in _conda_roots()) or "(no installation)"), found(conda)),
+    ]
+
+
+@functools.cache
+def _find(version: str, where: tuple[str | None, ...]) -> Interpreter | str:
+    tried = []
+    for place, candidates in _places(version):
+        why = []
+        for candidate in candidates:
+            got = _probe(candidate)
+            if isinstance(got, Interpreter) and got.version == version:
+                return got
+            why.append(got if isinstance(got, str) else f"{candidate} is Python {got.version}")
+        tried.append(f"{place} ({'; '.join(why) or 'none'})")
+    return f"its recipe needs Python {version} and none runs here; tried: " + ", ".join(tried)
+
+
+def find_python(version: str | None) -> Interpreter:
+    """The recipe's Python X.Y as users have it (`pythonX.Y` on PATH that runs, a pyenv, uv or conda
+    install), or with no version the host's base interpreter; SandboxError naming every place tried."""
+    if not version:
+        base = getattr(sys, "_base_executable", None) or sys.executable
+        return Interpreter(base, "{}.{}".format(*sys.version_info[:2]), sys.base_prefix)
+    where = tuple(
+        os.environ.get(k) for k in ("PATH", "PYENV_ROOT", "UV_PYTHON_INSTALL_DIR", "CONDA_PREFIX", "HOME")
+    )
+    got = _find(version, where)
+    if isinstance(got, str):
+        raise SandboxError(got)
+    return got
+
+
 def _python(version: str | None) -> str:
-    if version:
-        found = shutil.which(f"python{version}")
-        if found:
-            return found
-    return getattr(sys, "_base_executable", None) or sys.executable
+    return find_python(version).path
 
 
 def venv_key(task: Task) -> str:
@@ -73,13 +171,6 @@ def _import_root(checkout: Path) -> str:
     if src.is_dir() and any((p / "__init__.py").is_file() or p.suffix == ".py" for p in src.iterdir()):
         return "src"
     return "."
-
-
-@functools.cache
-def _version(python: str) -> str:
-    done = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                          capture_output=True, text=True)  # fmt: skip
-    return done.stdout.strip()
 
 
 def _build(task: Task, venv: Path) -> None:
@@ -135,8 +226,11 @@ def _own_distributions(venv: Path, checkout: Path) -> list[str]:
 def task_venv(task: Task) -> Path:
     """The task's venv (built on first use; concurrent callers wait for one build); SandboxError
     where the recipe cannot be built as its harness builds it (`Task.recipe_problem`)."""
-    python = _python(str(_recipe(task).get("python") or ""))
-    if (problem := task.recipe_problem(_version(python), local=True)) is not None:
+    try:
+        python = find_python(str(_recipe(task).get("python") or ""))
+    except SandboxError as err:
+        raise SandboxError(f"cannot build the environment of {task.instance_id}: {err}") from None
+    if (problem := task.recipe_problem(python.version, local=True)) is not None:
         raise SandboxError(f"cannot build the environment of {task.instance_id}: {problem}")
     root = cache_dir() / "venvs"
     root.mkdir(parents=True, exist_ok=True)
@@ -156,6 +250,13 @@ def task_venv(task: Task) -> Path:
             raise
         (venv / _READY).write_text(json.dumps({"recipe": _recipe(task), "repo": task.repo}))
     return venv
+
+
+def venv_binds(task: Task) -> tuple[str, ...]:
+    """What a sandbox running the task's venv binds read-only: the venv and the prefix of the
+    interpreter its `bin/python` links into (when that is not the host's own, bound anyway)."""
+    prefix = find_python(str(_recipe(task).get("python") or "")).prefix
+    return (str(task_venv(task)),) if prefix == sys.base_prefix else (str(task_venv(task)), prefix)
 
 
 def venv_env(task: Task, checkout: Path | None = None) -> dict[str, str]:

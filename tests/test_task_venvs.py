@@ -88,7 +88,7 @@ _PYX_FIX += "@@ -1 +1 @@\n-a\n+b\n"
 @pytest.mark.parametrize(
     ("recipe", "patch", "why"),
     [
-        ({"python": "3.6", "install": "pip install -e ."}, "", "needs Python 3.6"),
+        ({"python": "3.4", "install": "pip install -e ."}, "", "needs Python 3.4 and none runs here"),
         ({"packages": "environment.yml"}, "", "conda environment.yml"),
         ({"pre_install": ["apt-get install -y locales"]}, "", "pre_install steps"),
         ({"install": "pip install -e ."}, _PYX_FIX, "compiled-extension source"),
@@ -109,6 +109,6 @@ def test_a_recipe_built_otherwise_than_its_harness_would_is_refused(
     task = task_from_record(record)
     with pytest.raises(SandboxError, match=why):
         task_venv(task)
-    assert not (cache_dir() / "venvs" / venv_key(task)).exists()
+    assert not [p for p in (cache_dir() / "venvs").glob("*") if p.is_dir()]  # none half-built
     if "pre_install" in recipe:  # the docker backend runs them, in the repository
         assert task.recipe_problem("3.11", local=False) is None

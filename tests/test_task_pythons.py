@@ -1,0 +1,129 @@
+"""A task's Python as users have it: found on PATH (when it runs), in pyenv, uv or conda installs,
+refused naming every place tried; a task whose recipe names a Python other than the grader's own
+builds its venv with that interpreter and grades in the local sandbox, whose bind of the
+interpreter's prefix lets the venv's `bin/python` run there."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envs.backends import open_sandbox
+from envs.errors import SandboxError
+from envs.grading import grade
+from envs.tasks import task_from_record
+from envs.venvs import find_python, venv_binds
+
+PYENV = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+OTHER = "3.9"  # a spec Python of most SWE-bench repositories, not the grader's own 3.11
+pytestmark = pytest.mark.skipif(
+    not list((PYENV / "versions").glob(f"{OTHER}.*/bin/python{OTHER}")), reason=f"no pyenv Python {OTHER}"
+)
+
+
+def _isolated(monkeypatch, tmp_path: Path, *, pyenv: Path, uv: Path) -> None:
+    """PATH holding only an unselected pyenv-like shim (exits 127, as pyenv's does) and the system."""
+    shims = tmp_path / "shims"
+    shims.mkdir(exist_ok=True)
+    shim = shims / f"python{OTHER}"
+    shim.write_text("#!/bin/sh\necho 'pyenv: python3.9: command not found' >&2\nexit 127\n")
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shims}:/usr/bin:/bin")
+    monkeypatch.setenv("PYENV_ROOT", str(pyenv))
+    monkeypatch.setenv("UV_PYTHON_INSTALL_DIR", str(uv))
+    for name in ("CONDA_PREFIX", "CONDA_EXE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/miniconda3 and the like
+
+
+def test_interpreters_are_found_where_users_have_them(tmp_path, monkeypatch):
+    real = next(iter(sorted((PYENV / "versions").glob(f"{OTHER}.*"))))
+    _isolated(monkeypatch, tmp_path, pyenv=PYENV, uv=tmp_path / "uv")
+    found = find_python(OTHER)  # the shim on PATH exits 127: pyenv's own build instead
+    assert found.version == OTHER and Path(found.path).is_relative_to(PYENV / "versions"), found
+    uv_bin = tmp_path / "uv" / f"cpython-{OTHER}.18-linux-x86_64-gnu" / "bin"
+    uv_bin.mkdir(parents=True)
+    (uv_bin / f"python{OTHER}").symlink_to(real / "bin" / f"python{OTHER}")
+    _isolated(monkeypatch, tmp_path, pyenv=tmp_path / "no-pyenv", uv=tmp_path / "uv")
+    assert find_python(OTHER).version == OTHER  # a uv-managed install (linking to the real one)
+    _isolated(monkeypatch, tmp_path, pyenv=tmp_path / "no-pyenv", uv=tmp_path / "no-uv")
+    with pytest.raises(SandboxError) as refused:
+        find_python(OTHER)
+    why = str(refused.value)
+    assert f"needs Python {OTHER} and none runs here" in why
+    for place in (
+        f"python{OTHER} on PATH ({tmp_path}/shims/python{OTHER} exits 127)",
+        f"pyenv {tmp_path}/no-pyenv/versions/{OTHER}.* (none)",
+        f"uv {tmp_path}/no-uv/cpython-{OTHER}.* (none)",
+        "conda (no installation) (none)",
+    ):
+        assert place in why, why
+
+
+_DATE = {"GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z"}
+_CODE = "def removeprefix(text, prefix):\n    return text[len(prefix):]\n"  # the bug: no check
+_FIXED = (
+    "def removeprefix(text, prefix):\n    return text[len(prefix):] if text.startswith(prefix) else text\n"
+)
+_TEST = """import sys\n\nfrom strs import removeprefix\n\n
+def test_runs_on_the_recipes_python():\n    assert sys.version_info[:2] == (3, 9)\n\n
+def test_strip():\n    assert removeprefix("abc", "a") == "bc"\n"""
+_NEW_TEST = '\n\ndef test_keep():\n    assert removeprefix("abc", "x") == "abc"\n'
+
+
+def _repo(path: Path) -> tuple[str, str, str]:
+    """A tiny repository (deterministic commits); (base commit, gold patch, test patch)."""
+    env = {
+        **os.environ,
+        **_DATE,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(path), *args], env=env, check=True, capture_output=True,
+                              text=True).stdout  # fmt: skip
+
+    path.mkdir()
+    git("init", "-q", "-b", "main")
+    (path / "strs.py").write_text(_CODE)
+    (path / "test_strs.py").write_text(_TEST)
+    git("add", ".")
+    git("commit", "-q", "-m", "base")
+    base = git("rev-parse", "HEAD").strip()
+    (path / "strs.py").write_text(_FIXED)
+    gold = git("diff")
+    git("checkout", "-q", "strs.py")
+    (path / "test_strs.py").write_text(_TEST + _NEW_TEST)
+    test_patch = git("diff")
+    git("checkout", "-q", "test_strs.py")
+    return base, gold, test_patch
+
+
+def test_a_task_on_another_python_grades_in_the_local_sandbox(tmp_path):
+    """The venv (cached under $JAXSWE_CACHE_DIR: built once) is Python 3.9's; its bin/python links
+    into pyenv's prefix, bound read-only: gold resolves, empty fails, on 3.9."""
+    base, gold, test_patch = _repo(tmp_path / "repo")
+    record = {
+        "instance_id": "py39__strs-1", "repo": "py39/strs", "base_commit": base, "patch": gold,
+        "test_patch": test_patch, "FAIL_TO_PASS": ["test_strs.py::test_keep"],
+        "PASS_TO_PASS": ["test_strs.py::test_runs_on_the_recipes_python", "test_strs.py::test_strip"],
+        "install_config": {"python": OTHER, "test_cmd": "pytest -rA"},
+    }  # fmt: skip
+    task = task_from_record(record, source_dir=str(tmp_path / "repo"))
+    venv, prefix = venv_binds(task)
+    assert prefix != sys.base_prefix and os.path.realpath(Path(venv) / "bin" / "python").startswith(prefix)
+    with open_sandbox(task, "local") as sb:
+        ran = sb.exec("python -c 'import sys; print(sys.version_info[:2])'")
+        assert ran.exit_code == 0 and ran.output.strip() == "(3, 9)", ran.output
+    resolved = grade(task, gold, twins=False)  # the plain verdict: twins are tested on their own
+    assert resolved.resolved and not resolved.error, resolved.reason
+    empty = grade(task, "", twins=False)
+    assert not empty.resolved and not empty.error and empty.tests["test_strs.py::test_keep"] == "FAILED"
+    assert empty.tests["test_strs.py::test_runs_on_the_recipes_python"] == "PASSED"

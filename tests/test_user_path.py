@@ -1,11 +1,14 @@
 """The path a user takes through the `jaxswe` CLI, where a slip used to give a silently wrong
 answer: a mistyped --resume, which weights `jaxswe eval` evaluates, a stage that trained nothing, a
-finished stage resumed. Each a real `jaxswe` subprocess on a tiny toy RL stage."""
+finished stage resumed; and what Ctrl-C and JAX's fork warning print. Each a real `jaxswe`
+subprocess on a tiny toy RL stage where one can show it."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -117,3 +120,63 @@ def test_eval_weights_in_words():
     assert eval_weights(allowed, None) == "random init of the toy model (model.seed 0)"
     with pytest.raises(UserError, match="eval.allow_random_init=true"):
         eval_weights(config_from_dict(toy), None)
+
+
+_FORKS = """
+import subprocess, sys, warnings
+import jax
+jax.devices()  # JAX warns at every os.fork() from here on (subprocess with preexec_fn forks)
+if sys.argv[1] == "once":
+    from jaxswe.cli import _each_warning_once
+    _each_warning_once()
+for _ in range(5):
+    with warnings.catch_warnings():  # as libraries do: it clears Python's once-per-place registry
+        pass
+    subprocess.run(["true"], preexec_fn=lambda: None, check=True)
+"""
+
+
+@pytest.mark.parametrize(("mode", "copies"), [("once", 1), ("plain", 5)])
+def test_jax_fork_warning_prints_once_per_process(mode, copies):
+    """What the CLI installs first: each warning once per process. Without it JAX's os.fork()
+    warning prints at every sandbox command (thousands in a demo's stderr)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", _FORKS, mode], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("RuntimeWarning: os.fork() was called") == copies, out.stderr
+
+
+def test_ctrl_c_prints_the_resume_line_and_exits_within_seconds(tmp_path):
+    """Ctrl-C (SIGINT) to `jaxswe rl` on the toy game while its episodes are in flight: exit 130
+    within seconds, and after the progress lines only the one line with the command that resumes
+    it: no traceback, no environment left unclosed (the agent loop warns for each)."""
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "jaxswe", "rl", "--config", TOY, "--run-dir", str(run_dir)]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    log = tmp_path / "stderr.txt"  # a file: no pipe fills while the test waits
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [*argv, "--set", "rl.iterations=5", "--set", "rl.resample_to_fill=false"],
+            env=env,
+            stderr=err,
+            stdout=subprocess.DEVNULL,
+        )
+    try:
+        while "jaxswe rl 1/5" not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # iteration 2's 64 episodes run
+        t0 = time.monotonic()
+        code = proc.wait(timeout=120)
+        seconds = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == 130 and seconds < 20, (seconds, text[-3000:])
+    lines = [line for line in text.splitlines() if not line.startswith("jaxswe rl ")]  # progress
+    assert lines == [
+        f"jaxswe: == rl -> {run_dir / 'rl'}",
+        f"jaxswe: interrupted; continue with: jaxswe rl --config {TOY} --run-dir {run_dir} --set "
+        "rl.iterations=5 --set rl.resample_to_fill=false --resume",
+    ], text

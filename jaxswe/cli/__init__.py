@@ -7,6 +7,7 @@ Each module registers its subcommands through a `register(app)` function listed 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import os
@@ -14,6 +15,7 @@ import shlex
 import signal
 import sys
 import threading
+import warnings
 from typing import Annotated
 
 import typer
@@ -105,8 +107,19 @@ def _resume_hint(args: list[str]) -> str:
 
 
 def _first_sigint(signum: int, frame: object) -> None:
-    """Ctrl-C: KeyboardInterrupt, so the stage stops and writes what it has; the next one exits."""
+    """Ctrl-C: KeyboardInterrupt, so the stage stops and writes what it has; the next one exits.
+    While an event loop runs, it is raised between the loop's callbacks: raised inside one
+    episode's coroutine it would end that episode alone, and the loop's exit would then shut the
+    episodes' thread pool under the others (their environments left unclosed)."""
     signal.signal(signal.SIGINT, _second_sigint)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no loop: here and now
+        raise KeyboardInterrupt from None
+    loop.call_soon_threadsafe(_raise_interrupt)
+
+
+def _raise_interrupt() -> None:
     raise KeyboardInterrupt
 
 
@@ -130,9 +143,28 @@ def _sigint_handlers():
             signal.signal(signal.SIGINT, before)
 
 
+def _each_warning_once() -> None:
+    """Print each warning (category and text) once per process. Python's own once-per-place
+    registry is cleared whenever any library touches the warning filters (`catch_warnings`), so
+    without this JAX's `os.fork()` warning prints again at nearly every sandbox command."""
+    if getattr(warnings.showwarning, "jaxswe_once", False):
+        return
+    show, shown = warnings.showwarning, set()
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        key = (category, str(message))
+        if key not in shown:
+            shown.add(key)
+            show(message, category, filename, lineno, file, line)
+
+    showwarning.jaxswe_once = True
+    warnings.showwarning = showwarning
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script and `python -m jaxswe`."""
     args = list(sys.argv[1:] if argv is None else argv)
+    _each_warning_once()
     build_app()
     try:
         with _sigint_handlers():

@@ -43,7 +43,9 @@ def toy_env_factory(cfg: RunConfig):
     def make(task_id: str, seed: int | None = None) -> ToyEnv:
         env_seed = random.Random(f"{cfg.seed}/{task_id}/{seed}").getrandbits(63)
         values = cfg.env.toy_values
-        return ToyEnv(env_seed, values, max_format_errors=100, require_look=True, show_answer=True)
+        env = ToyEnv(env_seed, values, max_format_errors=100, require_look=True, show_answer=True)
+        env.task_id = task_id  # the episode's name in the agent loop's records and messages
+        return env
 
     return make
 

@@ -105,6 +105,10 @@ class Task:
     # the validated perturbed twins of its FAIL_TO_PASS tests (envs.twins); None: not made yet (a
     # paying grade makes and checks them once), (): none could be made or validated
     twins: tuple[Twin, ...] | None = field(default=None, compare=False, hash=False)
+    # the fraction of plausible wrong fixes its tests reject (envs.strength; None: not measured or
+    # nothing decided) and the wrong fixes they accept, for a reader (never shown to the policy)
+    strength: float | None = field(default=None, compare=False, hash=False)
+    survivors: tuple[dict[str, str], ...] = field(default=(), compare=False, hash=False)
     source_dir: str | None = field(default=None, compare=False)  # a git repo holding base_commit (built-in)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -194,6 +198,8 @@ class Task:
         )
         if self.twins is not None:
             record["twins"] = [t.to_json() for t in self.twins]
+        if self.strength is not None or self.survivors:
+            record.update(strength=self.strength, survivors=[dict(s) for s in self.survivors])
         if self.source_dir is not None and not self.repo.startswith("builtin/"):
             record["source_dir"] = self.source_dir
         return record
@@ -303,6 +309,21 @@ def _str_field(index: int, record: dict, name: str, default: str = "") -> str:
     return value
 
 
+def _strength_fields(index: int, record: dict) -> tuple[float | None, tuple[dict[str, str], ...]]:
+    """A record's measured test strength (a number in [0, 1] or null) and surviving wrong fixes."""
+    strength = record.get("strength")
+    if strength is not None and (
+        isinstance(strength, bool) or not isinstance(strength, int | float) or not 0 <= strength <= 1
+    ):
+        raise _fail(index, record, "strength", "must be a number from 0 to 1 or null")
+    survivors = record.get("survivors") or []
+    if not isinstance(survivors, list) or not all(
+        isinstance(s, dict) and all(isinstance(v, str) for v in s.values()) for s in survivors
+    ):
+        raise _fail(index, record, "survivors", "must be a list of wrong fixes (objects of strings)")
+    return strength, tuple(survivors)
+
+
 def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = None) -> Task:
     """Validate one published record (or one written by `Task.to_record`) into a Task."""
     if not isinstance(record, dict):
@@ -402,6 +423,7 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
             twins = tuple(Twin.from_json(t) for t in _json_field(index, record, "twins", twins, (list,)))
         except (KeyError, TypeError, ValueError) as err:
             raise _fail(index, record, "twins", f"must be a list of twins (envs.twins.Twin): {err}") from None
+    strength, survivors = _strength_fields(index, record)
     return Task(
         instance_id=record["instance_id"],
         repo=record["repo"],
@@ -424,6 +446,8 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
         or _str_field(index, record, "environment_setup_commit"),
         reference_statuses=reference,
         twins=twins,
+        strength=strength,
+        survivors=survivors,
         source_dir=source_dir,
         raw=dict(record),
     )

@@ -28,6 +28,26 @@ RunsOpt = Annotated[
 ]
 BackendOpt = Annotated[str, typer.Option("--backend", metavar="BACKEND", help="local | docker")]
 WorkersOpt = Annotated[int, typer.Option("--workers", metavar="N", min=1, help="tasks validated at once")]
+BudgetOpt = Annotated[
+    int, typer.Option("--budget", metavar="N", min=1, help="wrong fixes graded per task (test strength)")
+]
+StrengthSecondsOpt = Annotated[
+    float,
+    typer.Option("--strength-seconds", metavar="SECONDS", help="no new wrong-fix grade of a task after this"),
+]
+
+
+def _strength_note(measured) -> str:
+    """One stderr line: a task's strength and its survivors (possibly equivalent to gold)."""
+    figure = "undecided" if measured.strength is None else f"{measured.strength:.2f}"
+    decided = measured.rejected + len(measured.survivors)
+    line = f"{measured.instance_id}: test strength {figure} ({measured.rejected} of {decided} wrong fixes"
+    line += " rejected"
+    line += f", {measured.undecided} undecided)" if measured.undecided else ")"
+    if measured.survivors:
+        fixes = "; ".join(f"{s.kind} {s.where} {s.change}" for s in measured.survivors)
+        line += f"; survivors (possibly equivalent): {fixes}"
+    return line
 
 
 def validate(
@@ -38,8 +58,16 @@ def validate(
     timeout: float = typer.Option(
         600.0, "--timeout", metavar="SECONDS", help="seconds allowed for one test run"
     ),
+    strength: bool = typer.Option(
+        False, "--strength", help="also grade wrong fixes derived from gold: the task's test strength"
+    ),
+    budget: BudgetOpt = 12,
+    strength_seconds: StrengthSecondsOpt = 300.0,
 ) -> None:
-    """Gold patch resolves, empty patch does not, stable over --runs: one JSON line per task."""
+    """Gold patch resolves, empty patch does not, stable over --runs: one JSON line per task. With
+    --strength, each valid task's line has `strength`: the fraction of wrong fixes its tests reject,
+    and the survivors (wrong fixes they accept; one line per task on stderr too)."""
+    from envs.strength import measure
     from envs.validate import validate_many
 
     tasks, backends = _load(file)
@@ -48,12 +76,20 @@ def validate(
     from jaxswe.run.progress import Progress
 
     tally = {"valid": 0, "invalid": 0, "infrastructure": 0}
+    by_id = {t.instance_id: t for t in tasks}
     results = validate_many(tasks, runs=runs, backend=backend, workers=workers, test_timeout=timeout)
     with Progress("tasks validate", len(tasks), unit="task") as bar:
         for result in results:
             tally["valid" if result.ok else "infrastructure" if result.infrastructure else "invalid"] += 1
             bar.update(1, **tally)
-            print(json.dumps(result.to_json()), flush=True)
+            line = result.to_json()
+            if strength and result.ok:
+                task = by_id[result.instance_id]
+                measured = measure(task, backend=backend, budget=budget, seconds=strength_seconds,
+                                   workers=workers, test_timeout=timeout)  # fmt: skip
+                line["strength"] = measured.to_json()
+                print(_strength_note(measured), file=sys.stderr)
+            print(json.dumps(line), flush=True)
     print(
         f"jaxswe: {len(tasks)} task{'s' * (len(tasks) != 1)}: {tally['valid']} valid, "
         f"{tally['invalid']} invalid, {tally['infrastructure']} infrastructure failures "
@@ -77,9 +113,22 @@ def filter_(
         500, "--max-lines", metavar="N", help="keep gold patches changing fewer lines than this"
     ),
     no_tests: bool = typer.Option(False, "--no-tests", help="size filters only; run no tests"),
+    min_strength: float = typer.Option(
+        None,
+        "--min-strength",
+        metavar="X",
+        min=0.0,
+        max=1.0,
+        help="drop tasks whose tests reject less than this fraction of wrong fixes (measured unless stored)",
+    ),  # fmt: skip
+    budget: BudgetOpt = 12,
+    strength_seconds: StrengthSecondsOpt = 300.0,
 ) -> None:
-    """The paper's task filters; kept records go to --out, one JSON line per dropped task to stdout."""
+    """The paper's task filters; kept records go to --out, one JSON line per dropped task to stdout.
+    --min-strength also drops weak tasks; kept records store their strength and surviving wrong fixes
+    (with --no-tests only stored strengths count)."""
     from envs import filter_tasks
+    from envs.strength import filter_by_strength
 
     tasks, backends = _load(file)
     if backend not in backends:
@@ -88,6 +137,16 @@ def filter_(
         tasks, backend=backend, runs=runs, max_files=max_files, max_lines=max_lines, run_tests=not no_tests,
         workers=workers,
     )  # fmt: skip
+    if min_strength is not None:
+        kept, weak, unmeasured = filter_by_strength(
+            kept, min_strength, measure_missing=not no_tests, backend=backend, budget=budget,
+            seconds=strength_seconds, workers=workers,
+        )  # fmt: skip
+        dropped.update(weak)
+        if unmeasured:
+            print(f"jaxswe: kept {len(unmeasured)} task{'s' * (len(unmeasured) != 1)} with no test strength "
+                  f"({'not measured' if no_tests else 'no wrong fix made or decided'}): "
+                  f"{', '.join(unmeasured)}", file=sys.stderr)  # fmt: skip
     for instance_id, reason in dropped.items():
         print(json.dumps({"instance_id": instance_id, "dropped": reason}))
     tmp = out.with_name(out.name + ".tmp")

@@ -1,0 +1,3 @@
+def mean(xs):
+    """The arithmetic mean of `xs` (0.0 for no values)."""
+    return sum(xs)

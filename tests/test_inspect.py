@@ -122,7 +122,7 @@ def test_outcomes_and_bounds():
     tampered = Trajectory(
         task_id="b", ended_by="submitted", reward=0.0, tamper=["forged result: <t1> FAILED"]
     )
-    resolved = Trajectory(task_id="c", ended_by="submitted", reward=1.0)
+    resolved = Trajectory(task_id="c", ended_by="submitted", reward=1.0, flags=["registers an exit hook"])
     failed = Trajectory(task_id="d", ended_by="max_turns", reward=0.0)
     assert [outcome(t) for t in (infra, tampered, resolved, failed)] == [
         "infra error",
@@ -133,6 +133,7 @@ def test_outcomes_and_bounds():
     assert 'data-outcome="tampered"' in episode_html(tampered, 100)
     assert "tamper flags: forged result: &lt;t1&gt; FAILED" in episode_html(tampered, 100)
     assert "infrastructure error: sandbox died" in episode_html(infra, 100)
+    assert "grading tripwires (reward unchanged): registers an exit hook" in episode_html(resolved, 100)
     many = [failed] * 20 + [resolved] + [failed] * 20 + [infra]
     kept = pick_episodes(many, 4)
     assert len(kept) == 4 and resolved in kept and infra in kept  # the rare outcomes survive the cap

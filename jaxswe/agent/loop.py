@@ -160,6 +160,7 @@ async def run_episode(
             # format errors): it scores it
             traj.reward = float(await env_call(env.reward, key="reward_s"))
             traj.tamper = list(getattr(env, "tamper", ()))
+            traj.flags = list(getattr(env, "flags", ()))
             traj.tests = dict(getattr(env, "test_statuses", None) or {})
         elif traj.ended_by in ("max_turns", "context"):
             traj.reward = 0.0
@@ -195,8 +196,9 @@ async def run_episodes(
     """Run episodes with at most `concurrency` in flight; results come back in the order of `envs`.
     `seeds`: each episode's sampling seed (default: `episode_seeds` of the envs' task ids).
 
-    Environment calls use a pool of `concurrency` threads (one per episode in flight), so slow
-    sandboxes never wait on a shared default pool.
+    Environment calls use a pool of 2 x `concurrency` threads (an episode in flight uses one; a
+    cancelled one closes its environment in a second), so slow sandboxes never wait on a shared
+    default pool.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
@@ -205,7 +207,9 @@ async def run_episodes(
     if seeds is None:
         tasks = [getattr(env, "task_id", None) or f"#{i}" for i, env in enumerate(envs)]
         seeds = episode_seeds(tasks, sampling.sampling_seed)
-    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="jaxswe-env") as pool:
+    # two threads an episode: a cancelled episode's close never waits behind a command still running
+    # (its own, which the close then kills, or another episode's)
+    with ThreadPoolExecutor(max_workers=2 * concurrency, thread_name_prefix="jaxswe-env") as pool:
 
         async def one(i: int, env: Environment) -> Trajectory:
             async with gate:

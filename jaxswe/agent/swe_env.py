@@ -106,6 +106,11 @@ class SWEEnv:
         return tuple(getattr(self.grade_result, "tamper", ()) or ())
 
     @property
+    def flags(self) -> tuple[str, ...]:
+        """The grading tripwires the submitted patch matched (flags for a reader; the reward stands)."""
+        return tuple(getattr(self.grade_result, "flags", ()) or ())
+
+    @property
     def test_statuses(self) -> dict[str, str]:
         """Grading's status of each graded test (FAIL_TO_PASS, then PASS_TO_PASS; empty if not graded)."""
         tests = getattr(self.grade_result, "tests", None) or {}

@@ -131,6 +131,7 @@ class Trajectory:
     patch: str | None = None
     infra_error: str | None = None  # the infrastructure failed: excluded from RL, never scored 0
     tamper: list[str] = field(default_factory=list)  # grading's tamper flags (the reward is then 0)
+    flags: list[str] = field(default_factory=list)  # grading's tripwires (for a reader; the reward stands)
     tests: dict[str, str] = field(default_factory=dict)  # grading's status of each graded test
     timings: dict[str, float] = field(default_factory=dict)  # env_s, model_s, reward_s, total_s
     # the prompt the episode was sampled with when it is not the one trained on (a demonstration)

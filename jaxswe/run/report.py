@@ -291,6 +291,8 @@ def episode_html(traj: Trajectory, max_chars: int) -> str:
     flags = ""
     if traj.tamper:
         flags += f'<p class="flag">tamper flags: {escape("; ".join(traj.tamper))}</p>'
+    if traj.flags:
+        flags += f'<p class="flag">grading tripwires (reward unchanged): {escape("; ".join(traj.flags))}</p>'
     if traj.infra_error:
         flags += f'<p class="flag">infrastructure error: {escape(clip(traj.infra_error, max_chars))}</p>'
     turns = "".join(turn_html(traj, i, r, o, max_chars) for i, (r, o) in enumerate(replies))

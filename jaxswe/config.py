@@ -128,7 +128,8 @@ class RolloutSection(Section):
     max_batch: int = Field(16, gt=0)  # embedded engine: most requests batched into one forward pass
     tensor_parallel: int = Field(1, gt=0)  # sglang launcher
     mem_fraction: float = Field(0.85, gt=0, le=1)  # sglang launcher
-    # sglang launcher: --enable-deterministic-inference, without which SGLang ignores sampling seeds
+    # sglang launcher: --enable-deterministic-inference, without which SGLang ignores sampling seeds;
+    # embedded: batches of one prompt bucket, so timing and load never change a request's numbers
     deterministic_inference: bool = True
     seed: int = 0  # base of the per-request sampling seeds
 
@@ -250,6 +251,9 @@ class RLSection(Section):
     )
     drop_never_solved: bool = True  # solved_fraction filter: also drop tasks never solved
     history_from: str | None = None  # run dir whose success history feeds the task filter
+    # drop tasks whose stored test strength (the fraction of wrong fixes derived from gold that their
+    # tests reject; `jaxswe tasks filter --min-strength`) is below this; None: no strength filter
+    min_strength: float | None = Field(None, ge=0, le=1)
     # token-level truncated importance sampling (rollout vs trainer); None: on when max_staleness > 0
     tis_correction: bool | None = None
     tis_cap: float = Field(2.0, gt=0)  # truncated importance sampling: the ratio's cap

@@ -1,14 +1,18 @@
 """Test strength: wrong fixes derived from gold, graded in real local sandboxes; a planted weak task
-(its tests check only the type of the result) against a strong built-in one; the CLI."""
+(its tests check only the type of the result) against a strong built-in one; the CLI; RL's filter."""
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from envs import TaskError, load_tasks
 from envs.strength import compiled_key, filter_by_strength, measure, mutations, with_strength, without_hunk
 from jaxswe.cli import main
+from jaxswe.config import config_from_dict
+from jaxswe.errors import UserError
+from jaxswe.rl.loop import drop_weak_tasks
 
 WEAK = Path(__file__).parent / "data" / "strength_tasks"
 STRONG = "builtin__pagination-1"
@@ -89,3 +93,19 @@ def test_cli_reports_strength_and_filters_weak_tasks(measured, tmp_path, capsys)
     bad.write_text(json.dumps(with_strength(*measured[STRONG]).to_record() | {"strength": 1.5}) + "\n")
     with pytest.raises(TaskError, match="field 'strength' must be a number from 0 to 1 or null"):
         load_tasks(bad)
+
+
+def test_rl_drops_weak_tasks_by_stored_strength(measured, tmp_path, capsys):
+    records = tmp_path / "tasks.jsonl"
+    records.write_text(
+        "".join(json.dumps(with_strength(t, m).to_record()) + "\n" for t, m in measured.values())
+    )
+    ids = [t.instance_id for t, _ in measured.values()]
+    cfg = config_from_dict({"env": {"tasks": str(records)}, "rl": {"min_strength": 0.5}})
+    ctx = SimpleNamespace(cfg=cfg, task_ids=ids)
+    counts = drop_weak_tasks(ctx)
+    assert ctx.task_ids == [STRONG] and counts["dropped"] == 1 and counts["mean_strength"] == 1.0, counts
+    assert "task strength filter" in capsys.readouterr().err
+    ctx.task_ids = ["weak__mean"]
+    with pytest.raises(UserError, match="leaves no task to train on"):
+        drop_weak_tasks(ctx)

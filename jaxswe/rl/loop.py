@@ -33,6 +33,7 @@ from jaxswe.policy import Policy
 from jaxswe.rl.problems import DataOrder, History, filter_by_history, record_outcomes
 from jaxswe.rl.pump import Collected, RolloutPump
 from jaxswe.rl.rewards import advantage_stats
+from jaxswe.rl.strength import strength_pool
 from jaxswe.rl.train import StepsWarning, prepare, update_metrics
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.loggers import stage_trackers
@@ -169,6 +170,23 @@ def filter_tasks(ctx: StageContext, history_from: str | None) -> dict[str, int] 
     return counts
 
 
+def drop_weak_tasks(ctx: StageContext) -> dict[str, Any] | None:
+    """rl.min_strength: narrow `ctx.task_ids` to the tasks whose stored test strength is at least it
+    (jaxswe.rl.strength); returns the counts for the summary."""
+    min_strength = ctx.cfg.rl.min_strength
+    if min_strength is None:
+        return None
+    from envs import load_tasks
+
+    tasks = [] if ctx.cfg.env.tasks == "toy" else load_tasks(ctx.cfg.env.tasks)
+    pool, counts = strength_pool(list(ctx.task_ids), {t.instance_id: t.strength for t in tasks}, min_strength)
+    print(f"jaxswe rl: task strength filter: {counts}", file=sys.stderr)
+    if not pool:
+        raise UserError(f"rl.min_strength {min_strength} leaves no task to train on")
+    ctx.task_ids = pool
+    return counts
+
+
 def iteration_line(step: int, iterations: int, row: dict[str, Any]) -> str:
     """One console line per iteration, from its metrics row."""
     stale = f", staleness max {row['staleness_max']}" if "staleness_max" in row else ""
@@ -200,6 +218,7 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
     if ckpts.steps() and not resume:
         raise UserError(f"{stage_dir}: holds RL checkpoints already; pass --resume or use a new --run-dir")
     counts = filter_tasks(ctx, history_from)
+    strength = drop_weak_tasks(ctx)
     backend = ensure_backend(ctx)  # serves the starting policy, whose params the trainer then takes
     ctx.trainer = rl_trainer(cfg, ctx.policy)
     history: History = {}
@@ -254,4 +273,6 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
     }
     if counts is not None:
         summary["task_filter"] = counts
+    if strength is not None:
+        summary["task_strength"] = strength
     return finish_stage(ctx, summary)

@@ -3,6 +3,8 @@ answer: a mistyped --resume, which weights `jaxswe eval` evaluates, a stage that
 finished stage resumed; and what Ctrl-C and JAX's fork warning print. Each a real `jaxswe`
 subprocess on a tiny toy RL stage where one can show it."""
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -180,3 +182,49 @@ def test_ctrl_c_prints_the_resume_line_and_exits_within_seconds(tmp_path):
         f"jaxswe: interrupted; continue with: jaxswe rl --config {TOY} --run-dir {run_dir} --set "
         "rl.iterations=5 --set rl.resample_to_fill=false --resume",
     ], text
+
+
+def test_cancelled_episodes_close_their_sandboxes_at_once():
+    """What Ctrl-C does to SWE episodes: cancelled while each runs a long command in its sandbox,
+    every environment closes at once (the command killed, the sandbox directory gone), not once
+    the commands end."""
+    from test_agent_swe_env import ScriptRouter
+
+    from envs import load_tasks
+    from jaxswe.agent.demos import command_reply
+    from jaxswe.agent.loop import run_episodes
+    from jaxswe.agent.swe_env import SWEEnv
+    from jaxswe.rollout.types import SamplingParams
+    from jaxswe.tokenizer import build_tokenizer
+
+    tasks = load_tasks("builtin")[:2]
+    tok = build_tokenizer([t.problem_statement for t in tasks], 1000)
+    router = ScriptRouter(
+        tok, {t.problem_statement.strip(): [command_reply("sleep 60", "Wait.")] for t in tasks}
+    )
+    envs = [SWEEnv(t, backend="local", command_timeout_s=120) for t in tasks]
+
+    async def cancelled_after_start() -> tuple[float, list]:
+        run = asyncio.ensure_future(
+            run_episodes(
+                envs,
+                router,
+                tok,
+                sampling=SamplingParams(max_new_tokens=64),
+                max_turns=3,
+                max_context_tokens=4096,
+                concurrency=2,
+            )  # fmt: skip
+        )
+        while len(router.outputs) < len(tasks):  # both episodes sent their command
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)  # ... and their sandboxes run it
+        roots = [env.sandbox.root for env in envs]
+        run.cancel()
+        t0 = time.monotonic()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        return time.monotonic() - t0, roots
+
+    seconds, roots = asyncio.run(cancelled_after_start())
+    assert seconds < 10 and roots and not any(root.exists() for root in roots), (seconds, roots)

@@ -5,8 +5,9 @@ Wrong fixes are derived from the gold patch on a private checkout of the task's 
 - one mutation of the Python code gold adds, found with `ast` and made at the node's exact source
   position: operator (`+`/`-`, `*`/`/`, `//`/`*`, `%`/`*`, `and`/`or`, `not` dropped), comparison
   (`==`/`!=`, `<`/`>=`, `>`/`<=`, `in`/`not in`, `is`/`is not`), boundary (`<`/`<=`, `>`/`>=`, an
-  off-by-one of a slice bound or a `range()` argument) and constant (a number +1 and -1,
-  `True`/`False`, a string emptied).
+  off-by-one of a slice bound or a `range()` argument), constant (a number +1 and -1, `True`/`False`,
+  a string emptied), call (a call replaced by its one argument, or its last argument dropped) and
+  condition (a comprehension's `if` dropped).
 Each is a git diff against the base commit, graded in the task's own environment by the training
 grader (`envs.grading.grade`) with `twins=False`: the twin run only confirms a grade that pays, and
 a wrong fix should not pay at all, so it would decide nothing here and double the cost of survivors.
@@ -56,7 +57,7 @@ _NEGATED = {ast.Eq: ("==", "!="), ast.NotEq: ("!=", "=="), ast.Lt: ("<", ">="), 
             ast.NotIn: ("not in", "in"), ast.Is: ("is", "is not"), ast.IsNot: ("is not", "is")}  # fmt: skip
 _BOUNDARY = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE: (">=", ">")}
 _BOOLOPS = {ast.And: ("and", "or"), ast.Or: ("or", "and")}
-KINDS = ("hunk reverted", "operator", "comparison", "boundary", "constant")
+KINDS = ("hunk reverted", "operator", "comparison", "boundary", "constant", "call", "condition")
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,28 @@ def _bounds(node: ast.AST) -> list[ast.expr]:
     return [b for b in bounds if b is not None and not isinstance(b, ast.Constant)]
 
 
+def _partial(src: _Source, node: ast.AST) -> Iterator[tuple[str, str, str]]:
+    """(kind, change, mutated text): a call replaced by its one (non-constant) argument or its last
+    argument dropped (`call`), a comprehension's filter dropped (`condition`)."""
+    if isinstance(node, ast.Call) and not node.keywords and len(node.args) == 1:
+        arg = node.args[0]
+        if not isinstance(arg, ast.Starred | ast.Constant):
+            old = ast.get_source_segment(src.text, arg)
+            yield (
+                "call",
+                f"{ast.get_source_segment(src.text, node.func)}({old}) -> {old}",
+                src.edit(src.start(node), src.end(node), old),
+            )
+    elif isinstance(node, ast.Call) and not node.keywords and len(node.args) > 1:
+        last = ast.get_source_segment(src.text, node.args[-1])
+        yield "call", f"argument {last} dropped", src.edit(src.end(node.args[-2]), src.end(node.args[-1]), "")
+    elif not isinstance(node, ast.Call):
+        for generator in node.generators:
+            for before, cond in pairwise([generator.iter, *generator.ifs]):
+                old = ast.get_source_segment(src.text, cond)
+                yield "condition", f"if {old} dropped", src.edit(src.end(before), src.end(cond), "")
+
+
 def mutations(text: str, added: Iterable[int]) -> Iterator[tuple[str, int, str, str]]:
     """(kind, line, change, mutated text) for each single mutation of the code on the `added` lines."""
     src = _Source(text)
@@ -220,6 +243,9 @@ def mutations(text: str, added: Iterable[int]) -> Iterator[tuple[str, int, str, 
         elif isinstance(node, ast.Constant):
             for new, change in _constant_mutations(node):
                 yield "constant", line, change, src.edit(src.start(node), src.end(node), new)
+        elif isinstance(node, ast.Call | ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp):
+            for kind, change, text_ in _partial(src, node):
+                yield kind, line, change, text_
 
 
 # ---- equivalence bound: compiled code equal to gold's

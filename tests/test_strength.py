@@ -41,7 +41,12 @@ def test_mutations_at_exact_positions_and_equivalents_bounded():
     assert made[("comparison", "< -> >=")] == "    return a + b if a  >=  b and ok(é) else 'é'"
     assert made[("boundary", "< -> <=")] == "    return a + b if a  <=  b and ok(é) else 'é'"
     assert made[("constant", "'é' -> ''")] == '    return a + b if a < b and ok(é) else ""'
+    assert made[("call", "ok(é) -> é")] == "    return a + b if a < b and é else 'é'"
     assert not any(text.splitlines()[1] != "    x = 0" for *_, text in mutations(source, {3}))
+    comprehension = "ys = [y for y in xs if y > 0]\nz = min(ys, 0)\n"
+    made = {change: text for _, _, change, text in mutations(comprehension, {1, 2})}
+    assert made["if y > 0 dropped"] == "ys = [y for y in xs]\nz = min(ys, 0)\n"
+    assert made["argument 0 dropped"] == "ys = [y for y in xs if y > 0]\nz = min(ys)\n"
     gold = "if 1:\n    x = 3\n"
     (equivalent,) = [text for _, _, change, text in mutations(gold, {1}) if change == "1 -> 2"]
     assert compiled_key(equivalent, "m.py") == compiled_key(gold, "m.py")  # `if 2:` compiles as `if 1:`

@@ -39,6 +39,8 @@ StrengthSecondsOpt = Annotated[
 
 def _strength_note(measured) -> str:
     """One stderr line: a task's strength and its survivors (possibly equivalent to gold)."""
+    if measured.strength is None and not measured.undecided:
+        return f"{measured.instance_id}: test strength undecided (no wrong fix could be derived from gold)"
     figure = "undecided" if measured.strength is None else f"{measured.strength:.2f}"
     decided = measured.rejected + len(measured.survivors)
     line = f"{measured.instance_id}: test strength {figure} ({measured.rejected} of {decided} wrong fixes"

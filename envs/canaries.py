@@ -188,9 +188,15 @@ def _as_method(block: list[str], indent: str) -> list[str]:
     return [indent + ln if ln.strip() else ln for ln in block]
 
 
-def _plant_methods(source: str, tree: ast.Module, rng: random.Random, graded: list[str], names: list[str]):
-    """Insert the two canaries as methods of a class holding graded tests; their fresh names."""
+def _plant_methods(
+    source: str, tree: ast.Module, rng: random.Random, graded: list[str], names: list[str],
+    owners: list[str] | None = None,
+) -> tuple[str, str] | None:  # fmt: skip
+    """Insert the two canaries as methods of a class holding graded tests (one of `owners`, top-level
+    classes, when given); (the new source, the class's name)."""
     classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.end_lineno]
+    if owners is not None:
+        classes = [c for c in tree.body if isinstance(c, ast.ClassDef) and c.end_lineno and c.name in owners]
     holders = [c for c in classes if any(isinstance(m, ast.FunctionDef) and m.name in graded for m in c.body)]
     if not holders:
         return None
@@ -204,23 +210,33 @@ def _plant_methods(source: str, tree: ast.Module, rng: random.Random, graded: li
     spots = _method_spots(cls)
     for at, i in sorted(((rng.choice(spots), i) for i in range(2)), reverse=True):
         lines[at:at] = [*blocks[i], ""] if at < cls.end_lineno else ["", *blocks[i]]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", cls.name
 
 
 def plant(
-    source: str, file: str, rng: random.Random, graded: list[str] = (), style: str = "pytest"
-) -> tuple[str, list[Canary]]:
+    source: str, file: str, rng: random.Random, graded: list[str] = (), style: str = "pytest",
+    classes: list[str] = (),
+) -> tuple[str, list[Canary]]:  # fmt: skip
     """(`source`, the test file at `file` in the repository, with a must-fail and a must-pass canary
     inserted; the canaries). `graded`: the names of the file's graded tests; `style`: a value of
-    STYLES. Nothing is planted (no canaries) in a unittest file with no class holding a graded test."""
+    STYLES; `classes` (pytest): the top-level classes that hold graded tests, where a second pair goes
+    in as methods of one of them, so canaries take the path graded methods take. Nothing is planted
+    (no canaries) in a unittest file with no class holding a graded test."""
     tree = _tree(source)
     prefix, words, taken = _vocabulary(tree, source, list(graded))
     fail_name, pass_name = _fresh_name(rng, prefix, words, taken), _fresh_name(rng, prefix, words, taken)
     if style == "unittest":
-        text = _plant_methods(source, tree, rng, list(graded), [fail_name, pass_name]) if tree else None
-        if text is None:
+        planted = _plant_methods(source, tree, rng, list(graded), [fail_name, pass_name]) if tree else None
+        if planted is None:
             return source, []
-        return text, [Canary(fail_name, file, False), Canary(pass_name, file, True)]
+        return planted[0], [Canary(fail_name, file, False), Canary(pass_name, file, True)]
+    if style == "pytest" and classes and tree is not None:
+        names = [_fresh_name(rng, prefix, words, taken), _fresh_name(rng, prefix, words, taken)]
+        held = _plant_methods(source, tree, rng, list(graded), names, owners=list(classes))
+        if held is not None:
+            text, canaries = plant(held[0], file, rng, graded, style)
+            return text, [*canaries, Canary(f"{file}::{held[1]}::{names[0]}", file, False),
+                          Canary(f"{file}::{held[1]}::{names[1]}", file, True)]  # fmt: skip
     lines = source.splitlines()
     must_fail = _must_fail(tree, lines, tree.body if tree else [], fail_name, prefix, rng)
     blocks = [must_fail or _bare_must_fail(tree, fail_name, rng), _must_pass(pass_name, rng)]

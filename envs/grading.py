@@ -545,7 +545,8 @@ def _plant_canaries(sandbox: Sandbox, task: Task) -> tuple[list[Canary], tuple[s
         peers = tuple(t for t in ids if name_of[t] in defined) if style != "pytest" else tuple(ids)
         if not peers:
             continue
-        text, planted = plant(source, file, rng, [name_of[t] for t in peers], style)
+        classes = [parts[1] for t in peers if len(parts := t.split("::")) == 3] if style == "pytest" else []
+        text, planted = plant(source, file, rng, [name_of[t] for t in peers], style, classes)
         if not planted:
             notes.append(f"no canaries in {file}: no class holds its graded tests")
             continue

@@ -246,6 +246,14 @@ def test_mine_src_layout_range(tmp_path):
     assert task.twins, "mining stores the twins validation checked"
     forged = _diff(init, base, base + SPARES_CANARIES_UNITTEST)  # its tests are unittest cases
     assert grade(task, forged, twins=False).resolved  # past the canaries
+    # a forgery of unittest cases alone (module functions run honestly): the canaries planted as
+    # methods of a class that holds graded tests take its path and catch it, even without the twins
+    adapter_only = (
+        "\nimport unittest as _u\n\n\ndef _run(self, result=None):\n    result.startTest(self)\n"
+        "    result.addSuccess(self)\n    result.stopTest(self)\n\n\n_u.TestCase.run = _run\n"
+    )
+    result = grade(task, _diff(init, base, base + adapter_only), twins=False)
+    assert not result.resolved and result.tamper == ("forged result",), result.reason
     result = grade(task, forged)
     assert not result.resolved and "twin of" in result.reason, result.reason
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import posixpath
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -62,6 +63,39 @@ def requirement_paths(repo: str) -> list[str]:
     first that exists at the environment commit; Django: tests/requirements/py3.txt)."""
     constants = _module("swebench.harness.constants")
     return list(getattr(constants, "MAP_REPO_TO_REQS_PATHS", {}).get(repo, [])) if constants else []
+
+
+def requirements(paths: list[str], read: Callable[[str], str | None]) -> tuple[str, str] | None:
+    """(path, text) of the first requirements file of `paths` that `read` finds (None: none), as
+    swebench's `get_requirements_by_commit` builds it, reading the repository at the environment
+    commit instead of GitHub: `-r` files of the same directory inlined, `-e .`, `.[test` and comment
+    lines dropped, then swebench's own `clean_requirements` (yanked packages replaced)."""
+    for path in paths:
+        text = read(path)
+        if text is not None:
+            break
+    else:
+        return None
+    here = posixpath.dirname(path)
+
+    def kept(line: str) -> bool:
+        return not any(line.strip().startswith(x) for x in ("-e .", "#", ".[test"))
+
+    inlined, own = [], []
+    for line in text.split("\n"):
+        if line.strip().startswith("-r"):
+            extra = read(posixpath.join(here, line.strip()[2:].strip())) or ""
+            inlined += [x for x in extra.split("\n") if kept(x)]
+        elif kept(line):
+            own.append(line)
+    module = _module("swebench.harness.test_spec.python")
+    return path, module.clean_requirements("\n".join([*inlined, "\n".join(own)]))
+
+
+def repo_install(repo: str) -> str | None:
+    """swebench's repository-wide install step (MAP_REPO_TO_INSTALL), run before the spec's own."""
+    constants = _module("swebench.harness.constants")
+    return (getattr(constants, "MAP_REPO_TO_INSTALL", {}) if constants else {}).get(repo)
 
 
 def test_directives(record: dict[str, Any]) -> list[str]:

@@ -1,24 +1,28 @@
 """Per-task virtual environments for the local backend, built once from a task's install recipe.
 
 `task_venv(task)` builds (once, cached under `$JAXSWE_CACHE_DIR/venvs/<key>`, under a file lock)
-a virtualenv WITHOUT the host's site-packages holding pytest and the recipe's packages
-(`pip_packages`, `packages` / `reqs_path` requirement files); when the recipe installs the
-repository itself (`install`, e.g. `pip install -e .`), it is run in a clean copy of the repository at
-the environment commit and the repository's own distribution is uninstalled again, so its
-dependencies stay and the code under test is always the sandbox's checkout: `venv_env` puts the
-checkout's import root (`src/` for a src layout, else the root) on PYTHONPATH and the venv's bin
-first on PATH. Recipes with no `install` share one venv per recipe. The venv's Python is the
-recipe's X.Y as users have it (`find_python`: `pythonX.Y` on PATH that runs, then pyenv, uv and
-conda installs), else the host's base interpreter; sandboxes bind its prefix read-only with the
+a virtualenv WITHOUT the host's site-packages by the official recipe's steps: the repository's
+requirements at the environment commit as swebench reads and cleans them (`packages:
+requirements.txt`, `reqs_path`), the spec's `packages` and `pip_packages`, then the recipe's
+`install` (e.g. `pip install -e .`) run in a clean copy of the repository at the base commit; the
+repository's own distribution is then kept as metadata only (METADATA, entry points: what
+`importlib.metadata` and plugin loaders read) without its code or import hooks, so no code of a
+graded patch runs before the grader's checks and the code under test is always the sandbox's
+checkout: `venv_env` puts the checkout's import root (`src/` for a src layout, else the root) on
+PYTHONPATH and the venv's bin first on PATH. Recipes that read no repository share one venv per
+recipe. The venv's Python is the recipe's X.Y as users have it (`find_python`: `pythonX.Y` on
+PATH that runs, then pyenv, uv and conda installs), else the host's base interpreter; sandboxes bind its prefix read-only with the
 venv (`venv_binds`). A recipe whose Python runs nowhere here (the error names every place tried),
 a conda environment.yml or `pre_install` steps (system commands) is refused with the reason
-(`Task.recipe_problem`: the docker backend runs the last). The build runs
+(`Task.recipe_problem`: the docker backend runs the last). A failed build is cached with pip's
+real error line (`<key>.failed`) and raised again without a rebuild. The build runs
 with none of the caller's GIT_* variables (envs.repos.host_env), so an install that asks git for the
 version (setuptools-scm) reads the clean copy, not the caller's repository.
 """
 
 from __future__ import annotations
 
+import csv
 import fcntl
 import functools
 import hashlib
@@ -29,10 +33,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envs import official
 from envs.errors import SandboxError
 from envs.repos import cache_dir, git, host_env, task_source
 
@@ -149,20 +155,32 @@ def _python(version: str | None) -> str:
 
 
 def venv_key(task: Task) -> str:
-    """The cache key: the recipe, and (when it installs the repository) repo + environment commit."""
+    """The cache key: the recipe and Python, the repository + environment commit when it reads the
+    repository's requirements, + base commit when it installs the repository (its metadata)."""
     recipe = _recipe(task)
     parts: dict[str, Any] = {"recipe": recipe, "python": _python(str(recipe.get("python") or ""))}
-    if recipe.get("install"):
+    if recipe.get("install") or task.requirement_files:
         parts |= {"repo": task.repo, "commit": task.env_commit or task.base_commit}
+    if recipe.get("install"):
+        parts["base"] = task.base_commit
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def pip_error(output: str) -> str:
+    """pip's real error from its output: its ERROR lines but the "Ignored the following versions"
+    noise (else the last lines), at most 1,000 characters."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    errors = [
+        ln for ln in lines if ln.startswith("ERROR:") and not ln.startswith("ERROR: Ignored the following")
+    ]
+    kept = errors or [ln for ln in lines if not ln.startswith("ERROR: Ignored the following")][-8:]
+    return " / ".join(kept)[-1000:]
 
 
 def _run(cmd: list[str] | str, *, cwd: Path, env: dict[str, str], what: str) -> None:
     done = subprocess.run(cmd, cwd=cwd, env=env, shell=isinstance(cmd, str), capture_output=True, text=True)
     if done.returncode != 0:
-        raise SandboxError(
-            f"building the task venv: {what} failed ({done.returncode}): {done.stderr[-1500:]}"
-        )
+        raise SandboxError(f"{what} failed ({done.returncode}): {pip_error(done.stdout + done.stderr)}")
 
 
 def _import_root(checkout: Path) -> str:
@@ -173,54 +191,109 @@ def _import_root(checkout: Path) -> str:
     return "."
 
 
+def _show(source: Path, commit: str) -> Callable[[str], str | None]:
+    """A reader of the repository's files at `commit` (None: no such file)."""
+
+    def read(path: str) -> str | None:
+        done = subprocess.run(["git", "-C", str(source), "show", f"{commit}:{path}"], capture_output=True,
+                              text=True, env=host_env())  # fmt: skip
+        return done.stdout if done.returncode == 0 else None
+
+    return read
+
+
 def _build(task: Task, venv: Path) -> None:
+    """The official recipe's steps, in its order: requirements (as swebench cleans them) or the
+    spec's packages, pip_packages, then the repository's install at the base commit, kept as
+    metadata only; pytest when the recipe brought none."""
     recipe = _recipe(task)
     python = _python(str(recipe.get("python") or ""))
     env = {k: v for k, v in host_env().items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env |= {"PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(venv),
             "PYTHONNOUSERSITE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}  # fmt: skip
     _run([python, "-m", "venv", str(venv)], cwd=venv.parent, env=env, what="python -m venv")
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    packages = list(recipe.get("pip_packages") or [])
-    if isinstance(recipe.get("packages"), str) and recipe["packages"] not in ("", "requirements.txt"):
-        packages += recipe["packages"].split()  # SWE-bench lists conda packages here; pip gets the same names
-    if not any(p.split("=")[0].split("<")[0].split(">")[0].strip() == "pytest" for p in packages):
-        packages.append("pytest")
-    _run([*pip, *packages], cwd=venv.parent, env=env, what=f"pip install {' '.join(packages)}")
-    install = recipe.get("install")
-    if not install:
-        return
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install"]
     with tempfile.TemporaryDirectory(prefix="jaxswe-venv-build-") as tmp:
-        checkout = Path(tmp) / "repo"
-        commit = task.env_commit or task.base_commit
-        done = subprocess.run(["git", "clone", "-q", "--no-checkout", str(task_source(task)), str(checkout)],
-                              capture_output=True, text=True, env=host_env())  # fmt: skip
-        if done.returncode != 0:
-            raise SandboxError(f"building the task venv: git clone failed: {done.stderr[-500:]}")
-        git(checkout, "checkout", "-q", commit)
-        req = next((r for r in task.requirement_files if (checkout / r).is_file()), None)
-        if req is not None:
-            _run([*pip, "-r", req], cwd=checkout, env=env, what=f"pip install -r {req}")
-        for command in [install] if isinstance(install, str) else install:
-            _run(command, cwd=checkout, env=env, what=command)
-        own = _own_distributions(venv, checkout)
-        if own:
-            _run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y", *own], cwd=checkout,
-                 env=env, what="pip uninstall of the repository itself")  # fmt: skip
+        if task.requirement_files:
+            read = _show(task_source(task), task.env_commit or task.base_commit)
+            found = official.requirements(list(task.requirement_files), read)
+            if found is not None:
+                (Path(tmp) / "requirements.txt").write_text(found[1])
+                _run(
+                    [*pip, "-r", "requirements.txt"],
+                    cwd=Path(tmp),
+                    env=env,
+                    what=f"pip install -r {found[0]}",
+                )
+        packages = recipe.get("packages")
+        if isinstance(packages, str) and packages not in ("", "requirements.txt", "environment.yml"):
+            _run(
+                [*pip, *packages.split()], cwd=Path(tmp), env=env, what=f"pip install {packages}"
+            )  # SWE-bench names conda packages here: pip gets the names
+        if recipe.get("pip_packages"):
+            _run([*pip, *recipe["pip_packages"]], cwd=Path(tmp), env=env,
+                 what=f"pip install {' '.join(recipe['pip_packages'])}")  # fmt: skip
+        if recipe.get("install"):
+            _install_repository(task, venv, Path(tmp) / "repo", env)
+    if subprocess.run([str(venv / "bin" / "python"), "-c", "import pytest"], capture_output=True).returncode:
+        _run([*pip, "pytest"], cwd=venv, env=env, what="pip install pytest")
 
 
-def _own_distributions(venv: Path, checkout: Path) -> list[str]:
-    """Distributions in `venv` installed from `checkout` (their direct_url.json points at it)."""
-    names = []
-    for direct in venv.glob("lib/python*/site-packages/*.dist-info/direct_url.json"):
+def _install_repository(task: Task, venv: Path, checkout: Path, env: dict[str, str]) -> None:
+    """The recipe's install run in a clean copy at the base commit (as the official image runs it),
+    then the repository's distribution kept as metadata only (the sandbox imports its checkout)."""
+    done = subprocess.run(["git", "clone", "-q", "--no-checkout", str(task_source(task)), str(checkout)],
+                          capture_output=True, text=True, env=host_env())  # fmt: skip
+    if done.returncode != 0:
+        raise SandboxError(f"git clone failed: {done.stderr[-500:]}")
+    git(checkout, "checkout", "-q", task.base_commit)
+    install = task.install["install"]
+    for command in [c for c in [official.repo_install(task.repo)] if c] + (
+        [install] if isinstance(install, str) else list(install)
+    ):
+        _run(command, cwd=checkout, env=env, what=command)
+    _metadata_only(venv, checkout)
+
+
+def _site_packages(venv: Path) -> Path:
+    return next(venv.glob("lib/python*/site-packages"))
+
+
+def _metadata_only(venv: Path, checkout: Path) -> list[str]:
+    """Strip the distributions installed from `checkout` down to their metadata (METADATA, entry
+    points; an egg-link's egg-info copied in): their code and import hooks (editable .pth files,
+    finders, egg-links) removed. Returns their directory names."""
+    site, root = _site_packages(venv), checkout.resolve()
+    kept = []
+    for direct in site.glob("*.dist-info/direct_url.json"):
         try:
             url = json.loads(direct.read_text()).get("url", "")
         except (OSError, json.JSONDecodeError):
             continue
-        if url.startswith("file://") and Path(url[7:]).resolve() == checkout.resolve():
-            meta = (direct.parent / "METADATA").read_text(errors="replace")
-            names += [ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Name:")][:1]
-    return names
+        if not (url.startswith("file://") and Path(url[7:]).resolve().is_relative_to(root)):
+            continue
+        for row in csv.reader((direct.parent / "RECORD").read_text().splitlines()):
+            path = (site / row[0]).resolve() if row else site
+            if path.is_file() and path.is_relative_to(site) and not path.is_relative_to(direct.parent):
+                path.unlink()
+                for parent in path.parents:
+                    if parent == site or any(parent.iterdir()):
+                        break
+                    parent.rmdir()
+        kept.append(direct.parent.name)
+    for link in site.glob("*.egg-link"):
+        target = Path(link.read_text().splitlines()[0].strip()).resolve()
+        if not target.is_relative_to(root):
+            continue
+        for info in target.glob("*.egg-info"):
+            shutil.copytree(info, site / info.name)
+            kept.append(info.name)
+        link.unlink()
+        pth = site / "easy-install.pth"
+        if pth.is_file():
+            lines = pth.read_text().splitlines()
+            pth.write_text("".join(f"{ln}\n" for ln in lines if Path(ln.strip()).resolve() != target))
+    return kept
 
 
 def task_venv(task: Task) -> Path:
@@ -235,16 +308,24 @@ def task_venv(task: Task) -> Path:
     root = cache_dir() / "venvs"
     root.mkdir(parents=True, exist_ok=True)
     venv = root / venv_key(task)
+    failed = root / f"{venv.name}.failed"
     if (venv / _READY).is_file():
         return venv
     with open(root / f"{venv.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (venv / _READY).is_file():
             return venv
+        if failed.is_file():  # a failed build is not retried on every grade
+            raise SandboxError(failed.read_text())
         shutil.rmtree(venv, ignore_errors=True)  # a build that died half-way
         venv.mkdir()
         try:
             _build(task, venv)
+        except SandboxError as err:
+            shutil.rmtree(venv, ignore_errors=True)
+            why = f"building the environment of {task.instance_id} failed: {err} (delete {failed} to retry)"
+            failed.write_text(why)
+            raise SandboxError(why) from None
         except BaseException:
             shutil.rmtree(venv, ignore_errors=True)
             raise

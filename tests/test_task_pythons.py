@@ -5,17 +5,20 @@ interpreter's prefix lets the venv's `bin/python` run there."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from envs import official
 from envs.backends import open_sandbox
 from envs.errors import SandboxError
 from envs.grading import grade
-from envs.tasks import task_from_record
+from envs.tasks import Task, task_from_record
 from envs.venvs import find_python, venv_binds
 
 PYENV = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
@@ -69,22 +72,22 @@ _CODE = "def removeprefix(text, prefix):\n    return text[len(prefix):]\n"  # th
 _FIXED = (
     "def removeprefix(text, prefix):\n    return text[len(prefix):] if text.startswith(prefix) else text\n"
 )
-_TEST = """import sys\n\nfrom strs import removeprefix\n\n
+# setup.py only: pip 23 on 3.9 installs it with `setup.py develop` (an egg-link, metadata in the checkout)
+_SETUP = """from setuptools import setup\n\nsetup(name="strs", version="1.2.3", py_modules=["strs"],
+      entry_points={"strs.plugins": ["strip = strs:removeprefix"]})\n"""
+_TEST = """import sys\nfrom importlib.metadata import entry_points, version\n
+from strs import removeprefix\n\n
 def test_runs_on_the_recipes_python():\n    assert sys.version_info[:2] == (3, 9)\n\n
+def test_own_metadata():\n    assert version("strs") == "1.2.3"
+    assert [e.name for e in entry_points()["strs.plugins"]] == ["strip"]\n\n
 def test_strip():\n    assert removeprefix("abc", "a") == "bc"\n"""
 _NEW_TEST = '\n\ndef test_keep():\n    assert removeprefix("abc", "x") == "abc"\n'
 
 
 def _repo(path: Path) -> tuple[str, str, str]:
     """A tiny repository (deterministic commits); (base commit, gold patch, test patch)."""
-    env = {
-        **os.environ,
-        **_DATE,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t",
-    }
+    who = {f"GIT_{role}_{what}": "t" for role in ("AUTHOR", "COMMITTER") for what in ("NAME", "EMAIL")}
+    env = {**os.environ, **_DATE, **who}
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(path), *args], env=env, check=True, capture_output=True,
@@ -93,6 +96,7 @@ def _repo(path: Path) -> tuple[str, str, str]:
     path.mkdir()
     git("init", "-q", "-b", "main")
     (path / "strs.py").write_text(_CODE)
+    (path / "setup.py").write_text(_SETUP)
     (path / "test_strs.py").write_text(_TEST)
     git("add", ".")
     git("commit", "-q", "-m", "base")
@@ -106,24 +110,77 @@ def _repo(path: Path) -> tuple[str, str, str]:
     return base, gold, test_patch
 
 
-def test_a_task_on_another_python_grades_in_the_local_sandbox(tmp_path):
-    """The venv (cached under $JAXSWE_CACHE_DIR: built once) is Python 3.9's; its bin/python links
-    into pyenv's prefix, bound read-only: gold resolves, empty fails, on 3.9."""
+_PASSING = ("test_runs_on_the_recipes_python", "test_own_metadata", "test_strip")
+
+
+def _task(tmp_path: Path, **recipe) -> Task:
     base, gold, test_patch = _repo(tmp_path / "repo")
     record = {
         "instance_id": "py39__strs-1", "repo": "py39/strs", "base_commit": base, "patch": gold,
         "test_patch": test_patch, "FAIL_TO_PASS": ["test_strs.py::test_keep"],
-        "PASS_TO_PASS": ["test_strs.py::test_runs_on_the_recipes_python", "test_strs.py::test_strip"],
-        "install_config": {"python": OTHER, "test_cmd": "pytest -rA"},
+        "PASS_TO_PASS": [f"test_strs.py::{t}" for t in _PASSING],
+        "install_config": {"python": OTHER, "test_cmd": "pytest -rA", **recipe},
     }  # fmt: skip
-    task = task_from_record(record, source_dir=str(tmp_path / "repo"))
+    return task_from_record(record, source_dir=str(tmp_path / "repo"))
+
+
+@pytest.mark.slow
+def test_a_task_on_another_python_grades_in_the_local_sandbox(tmp_path):
+    """The venv (cached under $JAXSWE_CACHE_DIR: built once) is Python 3.9's; its bin/python links
+    into pyenv's prefix, bound read-only; the repository's own distribution is installed as the
+    official recipe does (`pip install -e .` at the base commit) and kept as metadata only: its
+    version and entry points read as published, its code the checkout's. Gold resolves, empty fails."""
+    task = _task(tmp_path, install="python -m pip install -e .")
     venv, prefix = venv_binds(task)
     assert prefix != sys.base_prefix and os.path.realpath(Path(venv) / "bin" / "python").startswith(prefix)
+    site = next(Path(venv).glob("lib/python*/site-packages"))
+    assert [p.name for p in site.glob("strs*")] == ["strs.egg-info"]  # no egg-link, no code
     with open_sandbox(task, "local") as sb:
-        ran = sb.exec("python -c 'import sys; print(sys.version_info[:2])'")
-        assert ran.exit_code == 0 and ran.output.strip() == "(3, 9)", ran.output
-    resolved = grade(task, gold, twins=False)  # the plain verdict: twins are tested on their own
+        ran = sb.exec("python -c 'import sys, strs; print(sys.version_info[:2], strs.__file__)'")
+        assert ran.exit_code == 0 and ran.output.strip() == f"(3, 9) {sb.workdir}/strs.py", ran.output
+    resolved = grade(task, task.patch, twins=False)  # the plain verdict: twins are tested on their own
     assert resolved.resolved and not resolved.error, resolved.reason
     empty = grade(task, "", twins=False)
     assert not empty.resolved and not empty.error and empty.tests["test_strs.py::test_keep"] == "FAILED"
-    assert empty.tests["test_strs.py::test_runs_on_the_recipes_python"] == "PASSED"
+    assert all(empty.tests[t] == "PASSED" for t in task.pass_to_pass), empty.tests
+
+
+@pytest.mark.slow
+def test_a_failed_build_is_an_infrastructure_failure_with_pips_error_once(tmp_path, monkeypatch):
+    """A recipe pip cannot satisfy: the grade is an error (never a 0) naming pip's real error line,
+    not its "Ignored the following versions" noise; the failure is cached (not rebuilt on the next
+    grade) and `jaxswe tasks validate` reports it once, as an infrastructure failure."""
+    monkeypatch.setenv("JAXSWE_CACHE_DIR", str(tmp_path / "cache"))  # the failure is cached here only
+    task = _task(tmp_path, pip_packages=["pytest==99.0"])
+    result = grade(task, task.patch, twins=False)
+    assert result.error and not result.resolved
+    assert "No matching distribution found for pytest==99.0" in result.reason, result.reason
+    assert "Ignored the following" not in result.reason
+    failed = list((tmp_path / "cache" / "venvs").glob("*.failed"))
+    assert len(failed) == 1 and not [p for p in failed[0].parent.iterdir() if p.is_dir()]
+    start = time.monotonic()
+    again = grade(task, "", twins=False)
+    assert again.error and again.reason == result.reason and time.monotonic() - start < 10
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(task.to_record()) + "\n")
+    cli = Path(sys.executable).parent / "jaxswe"
+    done = subprocess.run([str(cli), "tasks", "validate", str(tasks)], capture_output=True, text=True,
+                          env={**os.environ, "JAXSWE_REPOS_DIR": str(tmp_path)})  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    (line,) = done.stdout.splitlines()
+    assert json.loads(line)["reason"].startswith("infrastructure failure: ")
+    assert line.count("No matching distribution found for pytest==99.0") == 1
+    assert "0 valid, 0 invalid, 1 infrastructure failures" in done.stderr
+
+
+def test_requirements_are_read_as_swebench_reads_them():
+    """`-r` files inlined, `-e .`, `.[test` and comments dropped, yanked packages replaced by
+    swebench's own clean_requirements; the first path that exists wins."""
+    files = {
+        "requirements/dev.txt": "-r base.txt\n-e .\n# tools\ntypes-pkg_resources==0.1.3\nblack\n",
+        "requirements/base.txt": ".[test]\nattrs>=20\n",
+    }
+    path, text = official.requirements(["requirements/missing.txt", "requirements/dev.txt"], files.get)
+    assert path == "requirements/dev.txt"
+    assert [ln for ln in text.splitlines() if ln] == ["attrs>=20", "types-setuptools", "black"]
+    assert official.requirements(["requirements.txt"], files.get) is None

@@ -74,6 +74,13 @@ def test_sandbox_commands_use_the_task_venv(toolz_task):
         assert prefix == str(venv) and module.startswith(sb.workdir)  # the checkout, not site-packages
         assert sb.exec("command -v pytest").output.strip() == str(venv / "bin" / "pytest")
         assert sb.exec("python -c 'import jax'").exit_code != 0  # no host site-packages
+        # the repository's distribution as the official harness leaves it: its metadata, not its code
+        meta = sb.exec("python -c 'import importlib.metadata as m; print(m.distribution(\"toolz\").version)'")
+        assert meta.exit_code == 0 and meta.output.strip()[:1].isdigit(), meta.output
+    site = next(venv.glob("lib/python*/site-packages"))
+    assert not [
+        p for p in site.iterdir() if "toolz" in p.name and not p.name.endswith((".dist-info", ".egg-info"))
+    ]
     # a recipe that installs nothing shares one venv; one that installs the repo is per repo+commit
     bare = task_from_record({**toolz_task.raw, "install_config": {"test_cmd": "pytest -rA"}})
     other = task_from_record({**toolz_task.raw, "repo": "other/toolz"})

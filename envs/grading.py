@@ -79,6 +79,7 @@ from envs.repos import cache_dir
 from envs.sandbox import ExecResult, Sandbox
 from envs.tasks import Task
 from envs.twins import Twin, added_lines, make_twins, twin_patch
+from envs.venvs import packaging_note
 
 DEFAULT_TEST_TIMEOUT_S = 600.0  # one whole test run
 DEFAULT_CASE_TIMEOUT_S = 120.0  # one test's call phase (pytest)
@@ -718,8 +719,9 @@ def grade(task: Task, patch: str, backend: str = "local", *, test_timeout: float
     def run(p: str, t: Task = task) -> GradeResult:
         try:
             with open_sandbox(t, backend, **dict(limits)) as sandbox:
-                return grade_in(sandbox, t, p, test_timeout=test_timeout, case_timeout=case_timeout,
-                                preflight=check)  # fmt: skip
+                graded = grade_in(sandbox, t, p, test_timeout=test_timeout, case_timeout=case_timeout,
+                                  preflight=check)  # fmt: skip
+            return replace(graded, notes=(*graded.notes, *packaging_note(t, p)))
         except (SandboxError, EngineError) as err:  # EngineError: a Docker engine of the pool died
             return GradeResult(False, {}, "", f"sandbox failure: {err}", error=True)
 

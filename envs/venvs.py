@@ -1,7 +1,7 @@
 """Per-task virtual environments for the local backend, built once from a task's install recipe.
 
-`task_venv(task)` builds (once, cached under `$JAXSWE_CACHE_DIR/venvs/<key>`, under a file lock)
-a virtualenv WITHOUT the host's site-packages by the official recipe's steps: the repository's
+`task_venv(task)` builds (once, cached under `$JAXSWE_CACHE_DIR/venvs/<key>`, under a file lock) a
+virtualenv WITHOUT the host's site-packages by the official recipe's steps: the repository's
 requirements at the environment commit as swebench reads and cleans them (`packages:
 requirements.txt`, `reqs_path`), the spec's `packages` and `pip_packages`, then the recipe's
 `install` (e.g. `pip install -e .`) run in a clean copy of the repository at the base commit; the
@@ -10,14 +10,14 @@ repository's own distribution is then kept as metadata only (METADATA, entry poi
 graded patch runs before the grader's checks and the code under test is always the sandbox's
 checkout: `venv_env` puts the checkout's import root (`src/` for a src layout, else the root) on
 PYTHONPATH and the venv's bin first on PATH. Recipes that read no repository share one venv per
-recipe. The venv's Python is the recipe's X.Y as users have it (`find_python`: `pythonX.Y` on
-PATH that runs, then pyenv, uv and conda installs), else the host's base interpreter; sandboxes bind its prefix read-only with the
-venv (`venv_binds`). A recipe whose Python runs nowhere here (the error names every place tried),
-a conda environment.yml or `pre_install` steps (system commands) is refused with the reason
-(`Task.recipe_problem`: the docker backend runs the last). A failed build is cached with pip's
-real error line (`<key>.failed`) and raised again without a rebuild. The build runs
-with none of the caller's GIT_* variables (envs.repos.host_env), so an install that asks git for the
-version (setuptools-scm) reads the clean copy, not the caller's repository.
+recipe. The venv's Python is the recipe's X.Y as users have it (`find_python`: `pythonX.Y` on PATH
+that runs, then pyenv, uv and conda installs), else the host's base interpreter; sandboxes bind its
+prefix read-only with the venv (`venv_binds`). A recipe whose Python runs nowhere here (the error
+names every place tried), a conda environment.yml or `pre_install` steps (system commands) is
+refused with the reason (`Task.recipe_problem`: the docker backend runs the last). A failed build is
+cached with pip's real error line (`<key>.failed`) and raised again without a rebuild. The build
+runs with none of the caller's GIT_* variables (envs.repos.host_env), so an install that asks git
+for the version (setuptools-scm) reads the clean copy, not the caller's repository.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from envs import official
 from envs.errors import SandboxError
+from envs.patches import patch_files
 from envs.repos import cache_dir, git, host_env, task_source
 
 if TYPE_CHECKING:
@@ -331,6 +332,22 @@ def task_venv(task: Task) -> Path:
             raise
         (venv / _READY).write_text(json.dumps({"recipe": _recipe(task), "repo": task.repo}))
     return venv
+
+
+_PACKAGING = ("setup.py", "setup.cfg", "pyproject.toml")
+
+
+def packaging_note(task: Task, patch: str) -> tuple[str, ...]:
+    """A note for a patch that changes the packaging metadata of a task whose recipe installs the
+    repository: its installed metadata (version, entry points) stays the base commit's."""
+    changed = [f for f in patch_files(patch) if f in _PACKAGING] if task.install.get("install") else []
+    if not changed:
+        return ()
+    return (
+        f"the patch changes packaging metadata ({', '.join(changed)}): graded with the repository's metadata "
+        "as installed from the base commit (the official harness reinstalls after the patch; jaxswe runs no "
+        "code of a patch before the grader's checks)",
+    )
 
 
 def venv_binds(task: Task) -> tuple[str, ...]:

@@ -110,6 +110,16 @@ def _repo(path: Path) -> tuple[str, str, str]:
     return base, gold, test_patch
 
 
+_BUMP = """diff --git a/setup.py b/setup.py
+--- a/setup.py
++++ b/setup.py
+@@ -1,4 +1,4 @@
+ from setuptools import setup
+
+-setup(name="strs", version="1.2.3", py_modules=["strs"],
++setup(name="strs", version="1.2.4", py_modules=["strs"],
+       entry_points={"strs.plugins": ["strip = strs:removeprefix"]})
+""".replace("\n\n", "\n \n")
 _PASSING = ("test_runs_on_the_recipes_python", "test_own_metadata", "test_strip")
 
 
@@ -140,9 +150,12 @@ def test_a_task_on_another_python_grades_in_the_local_sandbox(tmp_path):
         assert ran.exit_code == 0 and ran.output.strip() == f"(3, 9) {sb.workdir}/strs.py", ran.output
     resolved = grade(task, task.patch, twins=False)  # the plain verdict: twins are tested on their own
     assert resolved.resolved and not resolved.error, resolved.reason
+    assert not [n for n in resolved.notes if "packaging metadata" in n]
     empty = grade(task, "", twins=False)
     assert not empty.resolved and not empty.error and empty.tests["test_strs.py::test_keep"] == "FAILED"
     assert all(empty.tests[t] == "PASSED" for t in task.pass_to_pass), empty.tests
+    bumped = grade(task, task.patch + _BUMP, twins=False)  # metadata stays the base commit's, and says so
+    assert bumped.resolved and any("packaging metadata (setup.py)" in n for n in bumped.notes), bumped.notes
 
 
 @pytest.mark.slow

@@ -712,7 +712,12 @@ def grade(task: Task, patch: str, backend: str = "local", *, test_timeout: float
     Graded test files that do not collect are the patch's failure unless they do not collect with the
     gold patch either (the task environment is broken: `error`; gold's outcome is cached per process).
     A grade that would pay is confirmed by the twin run (`twins`; envs.twins): the same patch in a
-    fresh sandbox with the task's perturbed twins in place of its FAIL_TO_PASS tests, which must fail."""
+    fresh sandbox with the task's perturbed twins in place of its FAIL_TO_PASS tests, which must fail.
+    A task without twins or reference statuses (a record published as is) gets both first, once per
+    task (`with_checks`)."""
+    timeouts = {"test_timeout": test_timeout, "case_timeout": case_timeout}
+    if twins and (task.twins is None or not task.reference_statuses):  # a record published as is
+        task = with_checks(task, backend, **timeouts, **limits)
     key = _start_key(task, backend)
     check = key not in _STARTED  # decided once, so the twin run starts exactly as the first run did
 
@@ -732,8 +737,7 @@ def grade(task: Task, patch: str, backend: str = "local", *, test_timeout: float
         result = _uncollected(task, patch, backend, result, run)
     if not result.resolved or not twins:
         return result
-    timeouts = {"test_timeout": test_timeout, "case_timeout": case_timeout}
-    made = task.twins if task.twins is not None else checked_twins(task, backend, **timeouts, **limits)
+    made = task.twins
     if not made:
         return replace(result, notes=(*result.notes, NO_TWIN))
     twin = run(patch, replace(task, test_patch=twin_patch(task.test_patch, made), twins=()))
@@ -775,10 +779,53 @@ def _uncollected(task: Task, patch: str, backend: str, result: GradeResult, run:
     return replace(result, resolved=False, error=True, reason=why)
 
 
-_TWINS: dict[str, tuple[Twin, ...]] = {}  # checked twins per (backend, task), this process
-_TWIN_CODE = hashlib.sha256(  # the code that makes and checks twins: a change invalidates the cache
+_CHECKED: dict[str, Any] = {}  # what checked_twins and gold_statuses found, per task, this process
+_CHECK_CODE = hashlib.sha256(  # the code that makes and checks them: a change invalidates the cache
     (Path(__file__).with_name("twins.py").read_text() + Path(__file__).read_text()).encode()
 ).hexdigest()
+
+
+def _cached(kind: str, task: Task, backend: str, compute: Any) -> Any:
+    """`compute()` (JSON; None: a failure, not cached) once per task and backend, in this process and
+    in `$JAXSWE_CACHE_DIR/<kind>`."""
+    key = [kind, task.instance_id, task.base_commit, task.patch, task.test_patch, task.test_command,
+           task.fail_to_pass, task.pass_to_pass, backend, _CHECK_CODE]  # fmt: skip
+    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
+    cache = cache_dir() / kind / f"{digest}.json"
+    if digest not in _CHECKED and cache.is_file():
+        _CHECKED[digest] = json.loads(cache.read_text())
+    if digest not in _CHECKED:
+        value = compute()
+        if value is None:
+            return None
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{uuid.uuid4().hex}.tmp")
+        tmp.write_text(json.dumps(value))
+        tmp.replace(cache)
+        _CHECKED[digest] = value
+    return _CHECKED[digest]
+
+
+def with_checks(task: Task, backend: str = "local", **kwargs: Any) -> Task:
+    """`task` with what a paying grade relies on and a record published without validation lacks:
+    its gold run's statuses as reference statuses, and its checked twins (each found once per task)."""
+    twins = task.twins if task.twins is not None else checked_twins(task, backend, **kwargs)
+    reference = task.reference_statuses or gold_statuses(task, backend, **kwargs)
+    return replace(task, reference_statuses=reference, twins=twins)
+
+
+def gold_statuses(task: Task, backend: str = "local", **kwargs: Any) -> dict[str, str]:
+    """Each graded test's status under the gold patch where gold resolves ({} where it does not, or
+    the environment failed), cached (see `_cached`)."""
+
+    def run() -> dict[str, str] | None:
+        gold = grade(task, task.patch, backend, twins=False, **kwargs)
+        if gold.error:
+            return None
+        graded = [*task.fail_to_pass, *task.pass_to_pass]
+        return {t: status_of(t, gold.tests, task.rules) for t in graded} if gold.resolved else {}
+
+    return _cached("references", task, backend, run) or {}
 
 
 def checked_twins(
@@ -787,52 +834,37 @@ def checked_twins(
 ) -> tuple[Twin, ...]:  # fmt: skip
     """The task's perturbed twins (envs.twins) that the gold patch fails at the perturbed check and
     the unpatched base fails as well, one per FAIL_TO_PASS test function where one exists (up to
-    `rounds` candidates each), cached per process and in `$JAXSWE_CACHE_DIR/twins`."""
-    key = [
-        task.instance_id,
-        task.base_commit,
-        task.patch,
-        task.test_patch,
-        task.test_command,
-        task.fail_to_pass,
-    ]
-    digest = hashlib.sha256(json.dumps([*key, backend, _TWIN_CODE]).encode()).hexdigest()[:32]
-    cache = cache_dir() / "twins" / f"{digest}.json"
-    if digest in _TWINS:
-        return _TWINS[digest]
-    if cache.is_file():
-        _TWINS[digest] = tuple(Twin.from_json(t) for t in json.loads(cache.read_text()))
-        return _TWINS[digest]
-    try:
-        with open_sandbox(task, backend, **dict(limits)) as sandbox:
-            applied, _, log = _apply_test_patch(sandbox, task.test_patch, _start_tree(sandbox))
-            sources = {f: _read(sandbox, f) for f in added_lines(task.test_patch)} if applied else {}
-    except (SandboxError, EngineError):
-        return ()
-    kept: list[Twin] = []
-    pending = set(task.fail_to_pass)
-    for skip in range(rounds):
-        trial = tuple(t for t in make_twins(task, sources, skip=skip) if set(t.tests) <= pending)
-        if not trial:
-            break
-        twinned = replace(task, test_patch=twin_patch(task.test_patch, trial), twins=())
-        timeouts = {"test_timeout": test_timeout, "case_timeout": case_timeout}
-        gold = grade(twinned, task.patch, backend, twins=False, **timeouts, **limits)
-        base = grade(twinned, "", backend, twins=False, **timeouts, **limits)
-        if gold.error or base.error:
-            return ()  # not cached: the environment failed, not the twins
-        for twin in trial:
-            if all(_fails_at(twin, t, gold, task.rules) for t in twin.tests) and not any(
-                status_of(t, base.tests, task.rules) in PASSING for t in twin.tests
-            ):
-                kept.append(twin)
-                pending -= set(twin.tests)
-    _TWINS[digest] = tuple(kept)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(f".{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps([t.to_json() for t in kept]))
-    tmp.replace(cache)
-    return _TWINS[digest]
+    `rounds` candidates each), cached (see `_cached`)."""
+    timeouts = {"test_timeout": test_timeout, "case_timeout": case_timeout}
+
+    def run() -> list[dict] | None:
+        try:
+            with open_sandbox(task, backend, **dict(limits)) as sandbox:
+                applied, _, log = _apply_test_patch(sandbox, task.test_patch, _start_tree(sandbox))
+                sources = {f: _read(sandbox, f) for f in added_lines(task.test_patch)} if applied else {}
+        except (SandboxError, EngineError):
+            return None
+        kept: list[Twin] = []
+        pending = set(task.fail_to_pass)
+        for skip in range(rounds):
+            trial = tuple(t for t in make_twins(task, sources, skip=skip) if set(t.tests) <= pending)
+            if not trial:
+                break
+            twinned = replace(task, test_patch=twin_patch(task.test_patch, trial), twins=())
+            gold = grade(twinned, task.patch, backend, twins=False, **timeouts, **limits)
+            base = grade(twinned, "", backend, twins=False, **timeouts, **limits)
+            if gold.error or base.error:
+                return None  # the environment failed, not the twins
+            for twin in trial:
+                if all(_fails_at(twin, t, gold, task.rules) for t in twin.tests) and not any(
+                    status_of(t, base.tests, task.rules) in PASSING for t in twin.tests
+                ):
+                    kept.append(twin)
+                    pending -= set(twin.tests)
+        return [t.to_json() for t in kept]
+
+    found = _cached("twins", task, backend, run)
+    return () if found is None else tuple(Twin.from_json(t) for t in found)
 
 
 def _fails_at(twin: Twin, test: str, result: GradeResult, rules: str) -> bool:

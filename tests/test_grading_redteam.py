@@ -149,3 +149,17 @@ def test_forged_ok_lines_at_exit_are_caught_by_the_twin_run(tmp_path):
     assert grade(task, patch, twins=False).resolved  # the log's last line and the canaries are fooled
     result = grade(task, patch)
     assert not result.resolved and result.tamper == (FORGED,) and "twin of" in result.reason, result.reason
+
+
+def test_a_broken_pass_to_pass_test_skipped_from_package_code_pays_nothing(tmp_path):
+    """A published record arrives without reference statuses: the gold fix plus a broken
+    `from_roman`, whose failing PASS_TO_PASS test package code turns into a skip (which SWE-bench's
+    rules let pass). Its first grade runs gold once for the reference statuses: the skip fails."""
+    stored = TASKS["builtin__roman-1"]
+    published = replace(stored, reference_statuses={}, twins=None)
+    code = FORGE_ALL_BUT.format(on_failure='_pytest.skip("flaky here")') + DETECTORS[BYTECODE]
+    code += "\n\ndef from_roman(text):\n    return 0\n"
+    patch = stored.patch + _appended(stored, "romans/__init__.py", code, tmp_path)
+    assert grade(replace(published, twins=()), patch, twins=False).resolved  # the harness's rules pay it
+    result = grade(published, patch)
+    assert not result.resolved and "test_from_roman SKIPPED" in result.reason, result.reason

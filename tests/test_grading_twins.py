@@ -191,7 +191,7 @@ def test_a_task_without_stored_twins_gets_checked_ones_at_its_first_paying_grade
     from dataclasses import replace
 
     monkeypatch.setattr(grading_module, "cache_dir", lambda: tmp_path)
-    monkeypatch.setattr(grading_module, "_TWINS", {})
+    monkeypatch.setattr(grading_module, "_CHECKED", {})
     stored = TASKS["builtin__stack-1"]
     task = replace(stored, twins=None)
     result = grade(task, task.patch)

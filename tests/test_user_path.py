@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -153,21 +154,20 @@ def test_ctrl_c_prints_the_resume_line_and_exits_within_seconds(tmp_path):
     within seconds, and after the progress lines only the one line with the command that resumes
     it: no traceback, no environment left unclosed (the agent loop warns for each)."""
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "jaxswe", "rl", "--config", TOY, "--run-dir", str(run_dir)]
+    args = ["rl", "--config", TOY, "--run-dir", str(run_dir)]
+    args += [a for s in ("rl.iterations=5", "rl.resample_to_fill=false", "rl.problems_per_iteration=4")
+             for a in ("--set", s)]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     log = tmp_path / "stderr.txt"  # a file: no pipe fills while the test waits
     with log.open("w") as err:
         proc = subprocess.Popen(
-            [*argv, "--set", "rl.iterations=5", "--set", "rl.resample_to_fill=false"],
-            env=env,
-            stderr=err,
-            stdout=subprocess.DEVNULL,
+            [sys.executable, "-m", "jaxswe", *args], env=env, stderr=err, stdout=subprocess.DEVNULL
         )
     try:
         while "jaxswe rl 1/5" not in log.read_text():
             assert proc.poll() is None, log.read_text()[-3000:]
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)  # iteration 2's 64 episodes run
+        proc.send_signal(signal.SIGINT)  # iteration 2's 32 episodes run
         t0 = time.monotonic()
         code = proc.wait(timeout=120)
         seconds = time.monotonic() - t0
@@ -177,11 +177,10 @@ def test_ctrl_c_prints_the_resume_line_and_exits_within_seconds(tmp_path):
     text = log.read_text()
     assert code == 130 and seconds < 20, (seconds, text[-3000:])
     lines = [line for line in text.splitlines() if not line.startswith("jaxswe rl ")]  # progress
-    assert lines == [
-        f"jaxswe: == rl -> {run_dir / 'rl'}",
-        f"jaxswe: interrupted; continue with: jaxswe rl --config {TOY} --run-dir {run_dir} --set "
-        "rl.iterations=5 --set rl.resample_to_fill=false --resume",
-    ], text
+    resume = shlex.join(["jaxswe", *args, "--resume"])
+    assert lines == [f"jaxswe: == rl -> {run_dir / 'rl'}", f"jaxswe: interrupted; continue with: {resume}"], (
+        text
+    )
 
 
 def test_cancelled_episodes_close_their_sandboxes_at_once():

@@ -147,8 +147,6 @@ def _each_warning_once() -> None:
     """Print each warning (category and text) once per process. Python's own once-per-place
     registry is cleared whenever any library touches the warning filters (`catch_warnings`), so
     without this JAX's `os.fork()` warning prints again at nearly every sandbox command."""
-    if getattr(warnings.showwarning, "jaxswe_once", False):
-        return
     show, shown = warnings.showwarning, set()
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
@@ -157,14 +155,14 @@ def _each_warning_once() -> None:
             shown.add(key)
             show(message, category, filename, lineno, file, line)
 
-    showwarning.jaxswe_once = True
     warnings.showwarning = showwarning
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script and `python -m jaxswe`."""
     args = list(sys.argv[1:] if argv is None else argv)
-    _each_warning_once()
+    if argv is None:  # the process is jaxswe's (a caller's own warnings setup stays as it is)
+        _each_warning_once()
     build_app()
     try:
         with _sigint_handlers():

@@ -24,7 +24,14 @@ SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", metavar="KEY=VALUE", help="override section.key=value (repeatable)"),
 ]
-ResumeOpt = Annotated[bool, typer.Option("--resume", help="continue from the last complete checkpoint")]
+ResumeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="continue the run in --run-dir from its last complete checkpoint (refused when it holds no "
+        "run; a finished stage keeps its summary and runs nothing)",
+    ),
+]
 CoordinatorOpt = Annotated[
     str | None,
     typer.Option("--coordinator", metavar="HOST:PORT", help="HOST:PORT of process 0 (multi-process runs)"),

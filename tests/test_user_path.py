@@ -93,7 +93,7 @@ def test_resume_of_a_finished_stage_keeps_its_summary(untrained):
     out = _jaxswe("rl", "--config", TOY, "--run-dir", str(run_dir), "--resume",
                   sets=(*TINY, "allow_untrained_stage=true"))  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    assert f"jaxswe: == rl finished before ({stage / 'summary.json'})" in out.stderr, out.stderr
+    assert f"jaxswe: == rl finished before ({stage / 'summary.json'})\n" in out.stderr, out.stderr
     assert "jaxswe rl 1/1" not in out.stderr  # no iteration ran
     assert {p: p.read_bytes() for p in stage.rglob("*") if p.is_file()} == before
     assert json.loads(out.stdout) == json.loads(before[stage / "summary.json"])

@@ -72,7 +72,8 @@ def run_stage(
 
 def finished_stage(name: str, stage_dir: Path, cfg: RunConfig, changes: dict[str, Any]) -> dict[str, Any]:
     """A --resume of a stage that finished: its summary.json as it is (nothing runs again)."""
-    ignored = f"; the changed settings ({', '.join(changes)}) do not apply to it" if changes else ""
+    changed = [k for k in changes if k != "allow_untrained_stage"]  # that one is read here
+    ignored = f"; the changed settings ({', '.join(changed)}) do not apply to it" if changed else ""
     print(f"jaxswe: == {name} finished before ({stage_dir / 'summary.json'}){ignored}", file=sys.stderr)
     return check_trained(read_json(stage_dir / "summary.json"), cfg)
 

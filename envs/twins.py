@@ -18,8 +18,9 @@ nothing else different (envs.grading.grade); the perturbed value is one the test
 one the base commit's file holds, so git cannot tell the two runs apart either.
 
 A twin is made from the test file's source (a syntax-tree walk: `ast`), and only one that the gold
-patch fails at the perturbed check (an AssertionError at its line, or the original exception
-escaping) and the unpatched base fails too is kept (envs.validate): `Task.twins`.
+patch fails at the perturbed check (an AssertionError raised in the test file, or the original
+exception escaping) and the unpatched base fails too is kept (envs.grading.checked_twins, stored by
+envs.validate): `Task.twins`.
 Candidates whose original value the problem statement spells out come last (the statement would
 tell a twin from the original), and checks that never run are skipped (after the raising call of
 a `raises` block; negative checks such as `!=` and `not in` have no literal twin).
@@ -36,18 +37,17 @@ _EQUAL_ASSERTS = {
     "assertEqual", "assertEquals", "assertListEqual", "assertTupleEqual", "assertDictEqual", "assertSetEqual",
     "assertSequenceEqual", "assertMultiLineEqual", "assertAlmostEqual", "assertAlmostEquals",
     "assertCountEqual", "assertIs", "assertIn", "assert_equal", "assert_array_equal", "assert_almost_equal",
-    "assert_allclose",
-    "assert_frame_equal", "assert_series_equal",
+    "assert_allclose", "assert_frame_equal", "assert_series_equal",
 }  # fmt: skip
 _SWAP = {  # an expected exception -> an unrelated builtin one (neither a subclass of the other)
     "ValueError": "TypeError", "TypeError": "ValueError", "KeyError": "ValueError",
-    "IndexError": "ValueError",
-    "AttributeError": "ValueError", "LookupError": "TypeError", "RuntimeError": "ValueError",
+    "IndexError": "ValueError", "AttributeError": "ValueError", "LookupError": "TypeError",
+    "RuntimeError": "ValueError",
     "ZeroDivisionError": "ValueError", "AssertionError": "ValueError", "NotImplementedError": "ValueError",
     "OSError": "ValueError", "FileNotFoundError": "ValueError", "IOError": "ValueError",
     "ImportError": "ValueError", "ModuleNotFoundError": "ValueError", "StopIteration": "ValueError",
     "UnicodeDecodeError": "TypeError", "UnicodeEncodeError": "TypeError", "OverflowError": "TypeError",
-    "RecursionError": "ValueError", "ArithmeticError": "TypeError", "Exception": "KeyboardInterrupt",
+    "RecursionError": "ValueError", "ArithmeticError": "TypeError",
 }  # fmt: skip
 _RAISES = ("raises", "assertRaises", "assertRaisesRegex")
 _NEGATED = {"assertEqual": "assertNotEqual", "assertEquals": "assertNotEqual", "assertIs": "assertIsNot",
@@ -160,7 +160,8 @@ def _constant_like(node: ast.AST) -> bool:
 
 
 def _perturbed(segment: str, value: object) -> str | None:
-    """A constant's source text with one character changed (quote style and length kept), or None."""
+    """A constant's source text perturbed (a number + 1, a bool negated, one character of a string
+    changed, its quote style kept), or None."""
     if isinstance(value, bool):
         return str(not value)
     if isinstance(value, int):
@@ -230,10 +231,8 @@ class _Sites:
             self._char_col(node.lineno, node.end_col_offset),
         )
         old = self.lines[node.lineno - 1][col:end]
-        told = (
-            bool(re.sub(r"^[rRbBuU]*['\"]+|['\"]+$", "", old).strip())
-            and re.sub(r"^[rRbBuU]*['\"]+|['\"]+$", "", old) in self.statement
-        )
+        bare = re.sub(r"^[rRbBuU]*['\"]+|['\"]+$", "", old)  # a string's text without its quotes
+        told = bool(bare.strip()) and bare in self.statement
         self.found.append(((KINDS.index(kind), told, *rank), node.lineno, col, old, new, kind))
 
     def literal(self, expected: ast.AST, depth: int) -> None:

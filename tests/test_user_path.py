@@ -37,13 +37,6 @@ def _jaxswe(*args: str, sets: tuple[str, ...] = TINY) -> subprocess.CompletedPro
     )
 
 
-@pytest.fixture(scope="module")
-def untrained(tmp_path_factory):
-    """RUN_DIR/rl of `jaxswe rl` that trained nothing (0 optimizer steps), and that command's result."""
-    run_dir = tmp_path_factory.mktemp("user") / "run"
-    return run_dir, _jaxswe("rl", "--config", TOY, "--run-dir", str(run_dir))
-
-
 def test_resume_of_a_missing_run_is_refused(tmp_path, capsys):
     """A mistyped --run-dir with --resume: one line, exit 2, nothing written (not a fresh run)."""
     typo = tmp_path / "typo"
@@ -62,32 +55,30 @@ def test_resume_of_a_missing_run_is_refused(tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["empty"] and not any((tmp_path / "empty").iterdir())
 
 
-def test_a_stage_that_trained_nothing_says_so_and_fails(untrained):
-    run_dir, out = untrained
+def test_untrained_stage_fails_resumes_as_it_is_and_is_what_eval_takes(tmp_path, capsys):
+    """One tiny `jaxswe rl` (one toy stage; every later step reads it): it trained nothing, says so
+    and fails; --resume keeps it as it is; `jaxswe eval --run-dir` evaluates it and says so."""
+    run_dir = tmp_path / "run"
+    _untrained_rl_fails(run_dir, _jaxswe("rl", "--config", TOY, "--run-dir", str(run_dir)))
+    _resumed_finished_stage_stays(run_dir)
+    _eval_takes_the_trained_stage(run_dir, tmp_path / "fresh", capsys)
+
+
+def _untrained_rl_fails(run_dir: Path, out: subprocess.CompletedProcess) -> None:
+    """A stage with 0 optimizer steps: exit 2 with one line saying so; its summary.json stays."""
     assert out.returncode == 2, out.stderr[-3000:]
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith(
         "jaxswe: error: the rl stage trained nothing: 0 optimizer steps in 1 iterations"
     ), last
     assert "allow_untrained_stage=true" in last
-    summary = json.loads((run_dir / "rl" / "summary.json").read_text())  # the record stays
+    summary = json.loads((run_dir / "rl" / "summary.json").read_text())
     assert summary["optimizer_steps"] == 0 and summary["episodes_drawn"] == 4, summary
 
 
-def test_untrained_rft_is_refused_unless_allowed(capsys):
-    rft = {"name": "rft", "samples": 6, "sft_steps": 0, "trajectories_kept": 0}
-    with pytest.raises(UserError, match="rft stage trained nothing: no resolved trajectory among 6 samples"):
-        check_trained(rft, config_from_dict({}))
-    assert check_trained(rft, config_from_dict({"allow_untrained_stage": True})) is rft
-    assert "WARNING: the rft stage trained nothing" in capsys.readouterr().err
-    trained = {"name": "rl", "iterations": 2, "optimizer_steps": 3}
-    assert check_trained(trained, config_from_dict({})) is trained
-
-
-def test_resume_of_a_finished_stage_keeps_its_summary(untrained):
-    """--resume of a finished stage runs nothing and leaves summary.json byte for byte (its counters
+def _resumed_finished_stage_stays(run_dir: Path) -> None:
+    """--resume of a finished stage runs nothing and leaves every file byte for byte (its counters
     were once rewritten to this process's zeros); allow_untrained_stage lets it pass."""
-    run_dir, _ = untrained
     stage = run_dir / "rl"
     before = {p: p.read_bytes() for p in stage.rglob("*") if p.is_file()}
     out = _jaxswe("rl", "--config", TOY, "--run-dir", str(run_dir), "--resume",
@@ -99,20 +90,29 @@ def test_resume_of_a_finished_stage_keeps_its_summary(untrained):
     assert json.loads(out.stdout) == json.loads(before[stage / "summary.json"])
 
 
-def test_eval_names_its_weights_and_takes_the_run_dirs_trained_stage(untrained, tmp_path, capsys):
+def _eval_takes_the_trained_stage(run_dir: Path, fresh: Path, capsys) -> None:
     """`jaxswe eval --run-dir RUN` without --init-from evaluates RUN's newest trained stage and says
     so (stderr and summary.json); with no weights at all it refuses rather than score a random init."""
-    run_dir, _ = untrained
     out = _jaxswe("eval", "--config", TOY, "--run-dir", str(run_dir))
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"jaxswe: == eval of {run_dir / 'rl'} -> {run_dir / 'eval'}\n" in out.stderr, out.stderr
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     assert summary["weights"] == str(run_dir / "rl") and summary["num_episodes"] == 2, summary
     with pytest.raises(SystemExit) as exc:
-        main(["eval", "--config", TOY, "--run-dir", str(tmp_path / "fresh")])
+        main(["eval", "--config", TOY, "--run-dir", str(fresh)])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.startswith("jaxswe: error: eval has no trained weights"), err
-    assert len(err.splitlines()) == 1 and not (tmp_path / "fresh").exists(), err
+    assert len(err.splitlines()) == 1 and not fresh.exists(), err
+
+
+def test_untrained_rft_is_refused_unless_allowed(capsys):
+    rft = {"name": "rft", "samples": 6, "sft_steps": 0, "trajectories_kept": 0}
+    with pytest.raises(UserError, match="rft stage trained nothing: no resolved trajectory among 6 samples"):
+        check_trained(rft, config_from_dict({}))
+    assert check_trained(rft, config_from_dict({"allow_untrained_stage": True})) is rft
+    assert "WARNING: the rft stage trained nothing" in capsys.readouterr().err
+    trained = {"name": "rl", "iterations": 2, "optimizer_steps": 3}
+    assert check_trained(trained, config_from_dict({})) is trained
 
 
 def test_eval_weights_in_words():

@@ -1,7 +1,11 @@
 """`EmbeddedEngine`: an in-process `Engine` that batches concurrent requests onto one `Sampler`.
 
 Requests arriving within `batch_wait_s` of each other (up to `max_batch`) run as one batch on a
-single worker thread, so the event loop stays responsive. The control operations follow SGLang
+single worker thread, so the event loop stays responsive. With `batch_invariant` (the stages' default,
+`rollout.deterministic_inference`) a batch holds only requests of one padded shape
+(`Sampler.shape_key`, the oldest waiting request's first) on a sampler whose batch size is fixed, so
+every request's tokens and log-probs are bit for bit those it gets alone: they do not depend on
+timing, load or how many requests are in flight. The control operations follow SGLang
 0.5.x:
 - `update_weights_from_disk` loads the new model beside the old one (if loading fails the old
   model stays), then, unless generation is paused, holds new requests back until every request
@@ -58,8 +62,15 @@ class EmbeddedEngine:
         max_batch: int = 16,
         batch_wait_s: float = 0.005,
         weight_version: str = "default",
+        batch_invariant: bool = False,
     ):
+        if batch_invariant and sampler.min_batch_bucket < max_batch:
+            raise ValueError(
+                f"batch_invariant needs the sampler's batch size fixed: min_batch_bucket "
+                f"{sampler.min_batch_bucket} < max_batch {max_batch}"
+            )
         self.sampler = sampler
+        self.batch_invariant = batch_invariant
         self.load_fn = load_fn
         self.model_path = model_path
         self.max_batch = max_batch
@@ -68,6 +79,7 @@ class EmbeddedEngine:
         self.batches_run = 0
         self._ctl = _Control()
         self._queue: asyncio.Queue[_Job] | None = None
+        self._waiting: list[_Job] = []  # taken from the queue, not yet run (oldest first)
         self._worker: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None  # held while a batch runs or weights are swapped
         self._cond: asyncio.Condition | None = None  # signals pause/update/in-flight changes
@@ -77,6 +89,7 @@ class EmbeddedEngine:
     def _ensure_worker(self) -> None:
         if self._worker is None or self._worker.done():
             self._queue = asyncio.Queue()
+            self._waiting = []
             self._lock = asyncio.Lock()
             self._cond = asyncio.Condition()
             self._update_lock = asyncio.Lock()  # one weight update at a time
@@ -124,11 +137,7 @@ class EmbeddedEngine:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = [await self._queue.get()]
-            await asyncio.sleep(self.batch_wait_s)  # let concurrent requests join this batch
-            while len(batch) < self.max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            batch = [j for j in batch if not j.fut.done()]  # aborted while queued, or cancelled
+            batch = await self._next_batch()
             if not batch:
                 continue
             async with self._lock:
@@ -145,6 +154,27 @@ class EmbeddedEngine:
                 for job, gen in zip(batch, gens, strict=True):  # under the lock: no swap in between
                     if not job.fut.done():
                         job.fut.set_result((gen, self.weight_version))
+
+    async def _next_batch(self) -> list[_Job]:
+        """The oldest waiting request and, up to `max_batch`, the others waiting (with
+        `batch_invariant`, those of its shape only; the rest wait for the next batches, in order)."""
+        if not self._waiting:
+            self._waiting.append(await self._queue.get())
+            await asyncio.sleep(self.batch_wait_s)  # let concurrent requests join this batch
+        while not self._queue.empty():
+            self._waiting.append(self._queue.get_nowait())
+        waiting = [j for j in self._waiting if not j.fut.done()]  # aborted while queued, or cancelled
+        if not waiting:
+            self._waiting = []
+            return []
+        key = self._shape(waiting[0])
+        batch = [j for j in waiting if self._shape(j) == key][: self.max_batch]
+        chosen = set(map(id, batch))
+        self._waiting = [j for j in waiting if id(j) not in chosen]
+        return batch
+
+    def _shape(self, job: _Job) -> tuple[int, int] | None:
+        return self.sampler.shape_key(job.req) if self.batch_invariant else None
 
     def _run_batch(self, batch: list[_Job]) -> list[Generation]:
         return self.sampler.generate([j.req for j in batch], aborted=lambda i: batch[i].aborted)

@@ -6,8 +6,11 @@ two, so a server sees a handful of compiled shapes. The decode loop is a `lax.wh
 stops as soon as every row has finished, run in chunks so that requests can be aborted between
 them. The model's EOS ids end every request that does not set `ignore_eos` (as in SGLang).
 Each row samples with its own key, a function of its request's `sampling_seed` and the token's
-position only (`sampling.row_keys`), so a seeded request gets the same tokens alone or in any
-batch; a request without a seed gets one from the sampler's seeded stream.
+position only (`sampling.row_keys`); a request without a seed gets one from the sampler's seeded
+stream. A row's numbers depend on the rest of its batch only through the padded shapes: XLA's CPU
+matmuls round differently at another batch size or prompt bucket (~1e-6 in the log-probs, now and
+then a different sampled token). At a fixed batch size (`min_batch_bucket` >= the batch) a batch of
+requests with the same `shape_key` gives each row exactly the bits it gets alone, in any row.
 Log-prob semantics: see `jaxswe.rollout.sampling`.
 """
 
@@ -183,6 +186,12 @@ class Sampler:
         )
         return (*req.params.stop_token_ids, *extra)
 
+    def shape_key(self, req: GenerateRequest) -> tuple[int, int]:
+        """(prompt bucket, budget bucket) of `req` alone: a batch whose requests share it runs at
+        that padded prompt length and decode budget, which then depend on no other request."""
+        budget = min(req.params.max_new_tokens, self.max_context - len(req.input_ids))
+        return bucket(len(req.input_ids), self.min_prompt_bucket), bucket(budget, self.min_new_bucket)
+
     def generate(
         self, requests: list[GenerateRequest], *, aborted: Callable[[int], bool] | None = None
     ) -> list[Generation]:
@@ -196,9 +205,9 @@ class Sampler:
         n = len(requests)
         b = bucket(n, self.min_batch_bucket)
         lengths = [len(r.input_ids) for r in requests]
-        t = bucket(max(lengths), self.min_prompt_bucket)
+        keys = [self.shape_key(r) for r in requests]
+        t, n_max = max(k[0] for k in keys), max(k[1] for k in keys)
         budgets = [min(r.params.max_new_tokens, self.max_context - len(r.input_ids)) for r in requests]
-        n_max = bucket(max(budgets), self.min_new_bucket)
         stops = [self.stop_ids(r) for r in requests]
         s = bucket(max(len(x) for x in stops), self.min_stop_bucket)
 

@@ -75,7 +75,9 @@ def make_backend(cfg: RunConfig, policy: Policy, *, allow_biased: bool = False) 
         if not is_main():  # rollouts run on process 0
             return EmbeddedBackend(None, policy.model_cfg)
         # Batch and decode budget fixed at their maxima: the sampler compiles one shape per
-        # prompt-length bucket instead of one per (batch size, prompt, budget) combination.
+        # prompt-length bucket instead of one per (batch size, prompt, budget) combination; with
+        # rollout.deterministic_inference a batch holds one prompt bucket, so timing and load never
+        # change a request's numbers (jaxswe.rollout.engine).
         sampler = Sampler(
             policy.model_cfg,
             params,
@@ -84,7 +86,8 @@ def make_backend(cfg: RunConfig, policy: Policy, *, allow_biased: bool = False) 
             min_batch_bucket=r.max_batch,
             min_new_bucket=r.max_new_tokens,
         )
-        return EmbeddedBackend(EmbeddedEngine(sampler, max_batch=r.max_batch), policy.model_cfg)
+        engine = EmbeddedEngine(sampler, max_batch=r.max_batch, batch_invariant=r.deterministic_inference)
+        return EmbeddedBackend(engine, policy.model_cfg)
     from jaxswe.rollout.client import RolloutClient
 
     client = RolloutClient(

@@ -68,11 +68,12 @@ def check_run_dir(run_dir: Path, *, resume: bool) -> None:
 
 
 def check_resumable(run_dir: Path, what: str) -> None:
-    """--resume needs a run to continue: refuse `run_dir` when it holds no `what` (no config.yaml,
-    which every stage and pipeline writes first), so a mistyped dir never starts a fresh run."""
+    """--resume needs a run to continue: refuse `run_dir` when it does not exist or is empty (what
+    `check_run_dir` lets a new run start in), so a mistyped dir never starts a fresh run."""
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        there = "does not exist" if not run_dir.exists() else f"holds no {what}"
+    check_run_dir(run_dir, resume=True)  # a file
+    if not (run_dir.is_dir() and any(run_dir.iterdir())):
+        there = "does not exist" if not run_dir.exists() else f"is empty: no {what}"
         raise UserError(
             f"{run_dir}: nothing to resume ({there}); check --run-dir, or drop --resume to start a new run"
         )

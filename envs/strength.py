@@ -1,7 +1,8 @@
 """Test strength: how many plausible wrong fixes a task's tests reject.
 
 Wrong fixes are derived from the gold patch on a private checkout of the task's clean repository:
-- each hunk reverted alone (when gold has more than one hunk: the fix applied in one place of several);
+- each hunk reverted alone (when gold has more than one hunk: the fix applied in one place of several;
+  not the hunks of documentation files, which no test runs);
 - one mutation of the Python code gold adds, found with `ast` and made at the node's exact source
   position: operator (`+`/`-`, `*`/`/`, `//`/`*`, `%`/`*`, `and`/`or`, `not` dropped), comparison
   (`==`/`!=`, `<`/`>=`, `>`/`<=`, `in`/`not in`, `is`/`is not`), boundary (`<`/`<=`, `>`/`>=`, an
@@ -57,6 +58,8 @@ _NEGATED = {ast.Eq: ("==", "!="), ast.NotEq: ("!=", "=="), ast.Lt: ("<", ">="), 
             ast.NotIn: ("not in", "in"), ast.Is: ("is", "is not"), ast.IsNot: ("is not", "is")}  # fmt: skip
 _BOUNDARY = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE: (">=", ">")}
 _BOOLOPS = {ast.And: ("and", "or"), ast.Or: ("or", "and")}
+_DOC_SUFFIXES = (".rst", ".md", ".txt", ".adoc")
+_DOC_NAMES = ("CHANGES", "CHANGELOG", "HISTORY", "NEWS", "README", "AUTHORS")
 KINDS = ("hunk reverted", "operator", "comparison", "boundary", "constant", "call", "condition")
 
 
@@ -279,25 +282,31 @@ def compiled_key(text: str, path: str) -> tuple | None:
 # ---- making the wrong fixes on a private checkout
 
 
-def _hunks(patch: str) -> list[tuple[int, int]]:
-    """(file section index, line index) of each hunk header in `patch`."""
-    out, section = [], -1
+def _hunks(patch: str) -> list[tuple[int, int, str]]:
+    """(file section index, line index, file) of each hunk header in `patch`."""
+    out, section, path = [], -1, ""
     for i, line in enumerate(patch.splitlines(keepends=True)):
         if line.startswith("diff --git "):
-            section += 1
+            section, path = section + 1, line.rstrip("\n").split(" b/", 1)[-1]
         elif line.startswith("@@ ") and section >= 0:
-            out.append((section, i))
+            out.append((section, i, path))
     return out
+
+
+def _documentation(path: str) -> bool:
+    """A file no test runs (reverting its hunk changes no behaviour): docs, change logs, readmes."""
+    name = path.rsplit("/", 1)[-1].upper()
+    return path.endswith(_DOC_SUFFIXES) or name.startswith(_DOC_NAMES)
 
 
 def without_hunk(patch: str, index: int) -> str:
     """`patch` with its `index`-th hunk left out (its file section too when that was its only hunk)."""
     lines = patch.splitlines(keepends=True)
     hunks = _hunks(patch)
-    section, first = hunks[index]
+    section, first, _ = hunks[index]
     ends = [i for i, line in enumerate(lines) if line.startswith(("diff --git ", "@@ "))] + [len(lines)]
     last = next(e for e in ends if e > first)
-    if sum(s == section for s, _ in hunks) == 1:
+    if sum(s == section for s, _, _ in hunks) == 1:
         starts = [i for i, line in enumerate(lines) if line.startswith("diff --git ")] + [len(lines)]
         first, last = starts[section], starts[section + 1]
     return "".join(lines[:first] + lines[last:])
@@ -321,12 +330,13 @@ def _hunk_reverts(checkout: Path, patch: str) -> list[WrongFix]:
     hunks = _hunks(patch)
     for i in range(len(hunks) if len(hunks) > 1 else 0):
         partial = without_hunk(patch, i)
-        if not partial.strip():
+        if not partial.strip() or _documentation(hunks[i][2]):
             continue
         if not _apply(checkout, partial):
             continue  # the other hunks do not apply without it: not a fix anyone could submit
         header = patch.splitlines()[hunks[i][1]]
-        out.append(WrongFix("hunk reverted", f"hunk {i + 1} of {len(hunks)}", header[:80], _diff(checkout)))
+        where = f"{hunks[i][2]} (hunk {i + 1} of {len(hunks)})"
+        out.append(WrongFix("hunk reverted", where, header[:80], _diff(checkout)))
         git(checkout, "reset", "-q", "--hard", "HEAD")  # the private checkout only
         git(checkout, "clean", "-qfd")
     return out

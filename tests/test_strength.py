@@ -8,7 +8,15 @@ from types import SimpleNamespace
 import pytest
 
 from envs import TaskError, load_tasks
-from envs.strength import compiled_key, filter_by_strength, measure, mutations, with_strength, without_hunk
+from envs.strength import (
+    _documentation,
+    compiled_key,
+    filter_by_strength,
+    measure,
+    mutations,
+    with_strength,
+    without_hunk,
+)
 from jaxswe.cli import main
 from jaxswe.config import config_from_dict
 from jaxswe.errors import UserError
@@ -52,6 +60,7 @@ def test_mutations_at_exact_positions_and_equivalents_bounded():
     assert compiled_key(equivalent, "m.py") == compiled_key(gold, "m.py")  # `if 2:` compiles as `if 1:`
     assert compiled_key(gold.replace("3", "4"), "m.py") != compiled_key(gold, "m.py")
     two = "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-a\n+b\n@@ -9 +9 @@\n-c\n+d\n"
+    assert _documentation("docs/index.rst") and _documentation("CHANGES") and not _documentation("src/m.py")
     assert without_hunk(two, 0) == "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -9 +9 @@\n-c\n+d\n"
 
 

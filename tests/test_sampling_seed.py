@@ -171,3 +171,29 @@ def test_episodes_keep_their_tokens_whatever_order_and_concurrency(model, tok):
     seeds = episode_seeds(["a", "b", "a"], 11)
     assert len(set(seeds)) == 3 and episode_seeds(["b", "a", "a"], 11) == [seeds[1], seeds[0], seeds[2]]
     assert episode_seeds(["a"], None) == [None]
+
+
+def test_batch_invariant_engine_gives_each_request_its_bits_alone(model):
+    """With batch_invariant, requests of two prompt buckets submitted together run as one batch per
+    bucket at the fixed batch size, and each gets exactly (every bit of every log-prob) what it gets
+    alone; without it a short prompt shares the long one's padding, which moves its log-probs."""
+    short = [_req(SamplingParams(max_new_tokens=20, sampling_seed=s), range(1, 9 + s)) for s in range(3)]
+    long = [_req(SamplingParams(max_new_tokens=20, sampling_seed=9 + s), range(1, 20 + s)) for s in range(2)]
+
+    def run(requests):
+        async def main():
+            sampler = Sampler(*model, min_batch_bucket=4, **BUCKETS)
+            engine = EmbeddedEngine(sampler, max_batch=4, batch_wait_s=0.05, batch_invariant=True)
+            try:
+                return [g for g, _ in await engine.submit(requests)], engine.batches_run
+            finally:
+                await engine.close()
+
+        return asyncio.run(main())
+
+    together, batches = run([*long, *short])
+    assert batches == 2  # one batch per prompt bucket (16 and 32 tokens)
+    alone = [run([r])[0][0] for r in [*long, *short]]
+    assert [(g.output_ids, g.logprobs) for g in together] == [(g.output_ids, g.logprobs) for g in alone]
+    with pytest.raises(ValueError, match="min_batch_bucket 1 < max_batch 4"):
+        EmbeddedEngine(Sampler(*model), max_batch=4, batch_invariant=True)

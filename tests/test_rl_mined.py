@@ -112,13 +112,13 @@ def test_short_rl_run_over_http_trains_on_mined_tasks(tmp_path):
             # float32 weight syncs: the log-prob checks below are exact numerics
             "rollout": {"engine": "http", "urls": [url], "max_new_tokens": 256, "export_dtype": "float32"},
             "agent": AGENT,
-            "env": env,
+            "env": {k: v for k, v in env.items() if k != "tasks"},  # the task file comes with --tasks
             "mesh": {"devices": 1},  # the RL loop, not sharding (tests/test_stages_handoff.py)
             "rl": {"iterations": 1, "problems_per_iteration": 2, "group_size": GROUP, "seq_len": 640,
                    "turn_penalty_threshold": 3},
         }))  # fmt: skip
         run_dir = tmp_path / "run"
-        main(["rl", "--config", str(config), "--run-dir", str(run_dir)])
+        main(["rl", "--config", str(config), "--run-dir", str(run_dir), "--tasks", str(tasks_file)])
         _check_run(run_dir / "rl", model_dir, tasks, url)  # RUN_DIR/<stage>
     finally:
         server.terminate()

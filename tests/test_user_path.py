@@ -227,3 +227,18 @@ def test_cancelled_episodes_close_their_sandboxes_at_once():
 
     seconds, roots = asyncio.run(cancelled_after_start())
     assert seconds < 10 and roots and not any(root.exists() for root in roots), (seconds, roots)
+
+
+def test_a_task_file_is_a_stage_input_in_one_flag(tmp_path):
+    """`--tasks FILE` stands for the four overrides a demo config otherwise needs on a user's own
+    task file; a later --set still wins, and a missing file is one line."""
+    from jaxswe.cli.stages import task_file_overrides
+    from jaxswe.config import ConfigError, load_config
+
+    tasks = tmp_path / "yourlib.jsonl"
+    tasks.write_text("")
+    cfg = load_config(ROOT / "configs" / "demo-cpu.yaml", [*task_file_overrides(tasks), "eval.heldout=[x]"])
+    assert cfg.env.tasks == cfg.env.eval_tasks == str(tasks.resolve()) and cfg.task_subset is None
+    assert cfg.eval.heldout == ["x"]
+    with pytest.raises(ConfigError, match="no such task file"):
+        task_file_overrides(tmp_path / "typo.jsonl")

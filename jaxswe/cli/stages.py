@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from jaxswe.config import load_config
+from jaxswe.config import ConfigError, load_config
 from jaxswe.run.loggers import check_trackers
 
 ConfigOpt = Annotated[Path, typer.Option("--config", metavar="FILE", help="YAML config (configs/*.yaml)")]
@@ -50,6 +50,27 @@ InitFromOpt = Annotated[
         help="start from this run dir (its newest stage), stage dir or checkpoints/",
     ),
 ]
+
+
+TasksOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--tasks",
+        metavar="FILE",
+        help="train and evaluate on every task of this JSON/JSONL file (sets env.tasks and env.eval_tasks "
+        "and clears task_subset and eval.heldout; later --set values still apply)",
+    ),
+]
+
+
+def task_file_overrides(tasks: Path | None) -> list[str]:
+    """The `--set` overrides `--tasks FILE` stands for: the file as the stages' input, every task of it."""
+    if tasks is None:
+        return []
+    if not tasks.is_file():
+        raise ConfigError(f"--tasks {tasks}: no such task file")
+    file = str(tasks.resolve())
+    return [f"env.tasks={file}", f"env.eval_tasks={file}", "task_subset=null", "eval.heldout=[]"]
 
 
 def _compile_cache() -> None:
@@ -107,11 +128,13 @@ def _stage_command(name: str):
         set_: SetOpt = None,
         resume: ResumeOpt = False,
         init_from: InitFromOpt = None,
+        tasks: TasksOpt = None,
         coordinator: CoordinatorOpt = None,
         num_processes: NumProcessesOpt = None,
         process_id: ProcessIdOpt = None,
     ) -> None:
-        cfg = load_config(config, set_ or [])  # before the heavy imports: a bad config fails at once
+        overrides = [*task_file_overrides(tasks), *(set_ or [])]
+        cfg = load_config(config, overrides)  # before the heavy imports: a bad config fails at once
         check_trackers(cfg.logging.backends)
         if init_from:
             cfg = cfg.model_copy(update={"init_from": init_from})
@@ -151,12 +174,13 @@ def pipeline(
     run_dir: RunDirOpt,
     set_: SetOpt = None,
     resume: ResumeOpt = False,
+    tasks: TasksOpt = None,
     coordinator: CoordinatorOpt = None,
     num_processes: NumProcessesOpt = None,
     process_id: ProcessIdOpt = None,
 ) -> None:
     """Run the config's stages in order, each in RUN_DIR/<stage> (warmstart, rft, rl, eval)."""
-    cfg = load_config(config, set_ or [])
+    cfg = load_config(config, [*task_file_overrides(tasks), *(set_ or [])])
     check_trackers(cfg.logging.backends)
     if resume:
         from jaxswe.stages.stage_io import check_resumable

@@ -8,17 +8,19 @@ Wrong fixes are derived from the gold patch on a private checkout of the task's 
   (`==`/`!=`, `<`/`>=`, `>`/`<=`, `in`/`not in`, `is`/`is not`), boundary (`<`/`<=`, `>`/`>=`, an
   off-by-one of a slice bound or a `range()` argument), constant (a number +1 and -1, `True`/`False`,
   a string emptied), call (a call replaced by its one argument, or its last argument dropped) and
-  condition (a comprehension's `if` dropped).
+  condition (a comprehension's `if` dropped); never in a docstring, an f-string or a type annotation.
 Each is a git diff against the base commit, graded in the task's own environment by the training
 grader (`envs.grading.grade`) with `twins=False`: the twin run only confirms a grade that pays, and
 a wrong fix should not pay at all, so it would decide nothing here and double the cost of survivors.
 
-Equivalent mutants are bounded, not decided: a mutant whose compiled module equals gold's (bytecode,
-names and constants, ignoring positions; e.g. a constant the compiler folds away) is dropped before
-grading. A mutant that survives may still be equivalent on every input; it counts against the task
-and is reported as a survivor ("possibly equivalent"): the strength is a lower bound. Fixes that
-could not be graded (sandbox failures, the seconds budget spent) are undecided and left out of the
-figure: strength = rejected / (rejected + survivors), None when nothing was decided.
+Equivalent mutants are bounded, not decided: a wrong fix whose changed Python module compiles to
+what gold's does (the same instructions and argument values, positions and constants no instruction
+loads ignored, `if TYPE_CHECKING:` blocks left out: e.g. `if 2:` for `if 1:`, a hunk that only
+imports for type checkers) is dropped before grading and counted as equivalent. A survivor may
+still be equivalent on every input; it counts against the task and is reported as "possibly
+equivalent": the strength is a lower bound. Fixes that could not be graded (sandbox failures, the
+seconds budget spent) are undecided and left out of the figure: strength = rejected / (rejected +
+survivors), None when nothing was decided.
 
 Cost is bounded per task: at most `budget` wrong fixes (hunk reverts first, then mutations spread
 over the kinds), no new grade after `seconds`, `workers` grades at once."""
@@ -43,7 +45,7 @@ from typing import Any
 
 from envs.errors import EnvError
 from envs.grading import grade
-from envs.patches import is_test_path
+from envs.patches import is_test_path, patch_files
 from envs.repos import clean_template, git, host_env
 from envs.tasks import Task
 from envs.twins import added_lines
@@ -149,6 +151,17 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
     return out
 
 
+def _annotation_nodes(tree: ast.AST) -> set[int]:
+    """ids of the nodes in type annotations (never mutated: a type hint is no fix)."""
+    roots = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg | ast.AnnAssign) and node.annotation is not None:
+            roots.append(node.annotation)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns is not None:
+            roots.append(node.returns)
+    return {id(n) for root in roots for n in ast.walk(root)}
+
+
 def _constant_mutations(node: ast.Constant) -> list[tuple[str, str]]:
     """(replacement source, change) for one constant."""
     value = node.value
@@ -202,9 +215,11 @@ def mutations(text: str, added: Iterable[int]) -> Iterator[tuple[str, int, str, 
     src = _Source(text)
     tree = ast.parse(text)
     added = set(added)
-    skip = _docstring_nodes(tree) | {
-        id(c) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for c in ast.walk(n)
-    }
+    skip = (
+        _docstring_nodes(tree)
+        | _annotation_nodes(tree)
+        | {id(c) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for c in ast.walk(n)}
+    )
 
     def on_added(node: ast.AST) -> bool:
         return all(n in added for n in range(node.lineno, node.end_lineno + 1))
@@ -271,10 +286,22 @@ def _code_key(code: CodeType) -> tuple:
             code.co_posonlyargcount, code.co_kwonlyargcount, code.co_exceptiontable)  # fmt: skip
 
 
+class _RuntimeOnly(ast.NodeTransformer):
+    """A module without its `if TYPE_CHECKING:` blocks (never run; their `else:` kept)."""
+
+    def visit_If(self, node: ast.If) -> ast.AST | list[ast.stmt]:
+        self.generic_visit(node)
+        test = node.test
+        name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else ""
+        return (node.orelse or [ast.Pass()]) if name == "TYPE_CHECKING" else node
+
+
 def compiled_key(text: str, path: str) -> tuple | None:
-    """The compiled form of a module's source (None: it does not compile)."""
+    """The compiled form of a module's source, `if TYPE_CHECKING:` blocks left out (None: it does
+    not compile)."""
     try:
-        return _code_key(compile(text, path, "exec", dont_inherit=True))
+        tree = ast.fix_missing_locations(_RuntimeOnly().visit(ast.parse(text, path)))
+        return _code_key(compile(tree, path, "exec", dont_inherit=True))
     except (SyntaxError, ValueError):
         return None
 
@@ -325,8 +352,9 @@ def _apply(checkout: Path, patch: str) -> bool:
     return done.returncode == 0
 
 
-def _hunk_reverts(checkout: Path, patch: str) -> list[WrongFix]:
-    out = []
+def _hunk_reverts(checkout: Path, patch: str, gold_keys: dict[str, tuple]) -> tuple[list[WrongFix], int]:
+    """(gold with each hunk left out in turn, how many of those compile to gold's code)."""
+    out, equivalent = [], 0
     hunks = _hunks(patch)
     for i in range(len(hunks) if len(hunks) > 1 else 0):
         partial = without_hunk(patch, i)
@@ -335,18 +363,35 @@ def _hunk_reverts(checkout: Path, patch: str) -> list[WrongFix]:
         if not _apply(checkout, partial):
             continue  # the other hunks do not apply without it: not a fix anyone could submit
         header = patch.splitlines()[hunks[i][1]]
-        where = f"{hunks[i][2]} (hunk {i + 1} of {len(hunks)})"
-        out.append(WrongFix("hunk reverted", where, header[:80], _diff(checkout)))
-        git(checkout, "reset", "-q", "--hard", "HEAD")  # the private checkout only
-        git(checkout, "clean", "-qfd")
-    return out
+        path = hunks[i][2]
+        if path in gold_keys and _file_key(checkout, path) == gold_keys[path]:
+            equivalent += 1
+        else:
+            out.append(WrongFix("hunk reverted", f"{path} (hunk {i + 1} of {len(hunks)})", header[:80],
+                                _diff(checkout)))  # fmt: skip
+        _clean(checkout)
+    return out, equivalent
 
 
-def _mutants(checkout: Path, task: Task) -> tuple[list[WrongFix], int]:
-    """(mutants of gold's added Python code, how many were dropped as equivalent to gold)."""
+def _clean(checkout: Path) -> None:
+    git(checkout, "reset", "-q", "--hard", "HEAD")  # the private checkout only
+    git(checkout, "clean", "-qfd")
+
+
+def _file_key(checkout: Path, path: str) -> tuple | None:
+    file = checkout / path
+    return compiled_key(file.read_text(), path) if file.is_file() else None
+
+
+def _mutants(checkout: Path, task: Task) -> tuple[list[WrongFix], int, dict[str, tuple]]:
+    """(mutants of gold's added Python code, how many were dropped as equivalent to gold, the
+    compiled key of each Python file gold leaves)."""
     if not _apply(checkout, task.patch):
         raise EnvError(f"task {task.instance_id}: the gold patch does not apply to its clean repository")
     out, equivalent, seen = [], 0, set()
+    gold_keys = {
+        p: key for p in patch_files(task.patch) if p.endswith(".py") and (key := _file_key(checkout, p))
+    }
     for path, lines in added_lines(task.patch).items():
         if not path.endswith(".py") or is_test_path(path):
             continue
@@ -366,20 +411,21 @@ def _mutants(checkout: Path, task: Task) -> tuple[list[WrongFix], int]:
             file.write_text(text)
             out.append(WrongFix(kind, f"{path}:{line}", change, _diff(checkout)))
         file.write_text(gold)
-    return out, equivalent
+    _clean(checkout)
+    return out, equivalent, gold_keys
 
 
 def wrong_fixes(task: Task) -> tuple[list[WrongFix], int]:
-    """(every wrong fix derived from the task's gold patch, the count of mutants equivalent to gold)."""
+    """(every wrong fix derived from the task's gold patch, the count of those equivalent to gold)."""
     with tempfile.TemporaryDirectory(prefix="jaxswe-strength-") as tmp:
         checkout = Path(tmp) / "repo"
         shutil.copytree(clean_template(task), checkout, symlinks=True)
         try:
-            reverts = _hunk_reverts(checkout, task.patch)
-            mutants, equivalent = _mutants(checkout, task)
+            mutants, equivalent, gold_keys = _mutants(checkout, task)
+            reverts, equivalent_reverts = _hunk_reverts(checkout, task.patch, gold_keys)
         except (SyntaxError, ValueError) as err:
             raise EnvError(f"task {task.instance_id}: cannot derive wrong fixes: {err}") from None
-    return reverts + mutants, equivalent
+    return reverts + mutants, equivalent + equivalent_reverts
 
 
 def _spread(fixes: list[WrongFix]) -> list[WrongFix]:

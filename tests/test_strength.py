@@ -59,6 +59,10 @@ def test_mutations_at_exact_positions_and_equivalents_bounded():
     (equivalent,) = [text for _, _, change, text in mutations(gold, {1}) if change == "1 -> 2"]
     assert compiled_key(equivalent, "m.py") == compiled_key(gold, "m.py")  # `if 2:` compiles as `if 1:`
     assert compiled_key(gold.replace("3", "4"), "m.py") != compiled_key(gold, "m.py")
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import m\n"
+    typed += "def f(x: 'm.T') -> int:\n    return 1\n"
+    assert compiled_key(typed.replace("    import m", "    pass"), "t.py") == compiled_key(typed, "t.py")
+    assert {change for *_, change, _ in mutations(typed, {4, 5})} == {"1 -> 2", "1 -> 0"}  # no hint mutated
     two = "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-a\n+b\n@@ -9 +9 @@\n-c\n+d\n"
     assert _documentation("docs/index.rst") and _documentation("CHANGES") and not _documentation("src/m.py")
     assert without_hunk(two, 0) == "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -9 +9 @@\n-c\n+d\n"

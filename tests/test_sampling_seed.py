@@ -197,3 +197,11 @@ def test_batch_invariant_engine_gives_each_request_its_bits_alone(model):
     assert [(g.output_ids, g.logprobs) for g in together] == [(g.output_ids, g.logprobs) for g in alone]
     with pytest.raises(ValueError, match="min_batch_bucket 1 < max_batch 4"):
         EmbeddedEngine(Sampler(*model), max_batch=4, batch_invariant=True)
+
+
+def test_prompt_pads_to_a_power_of_two_at_most_the_context(model):
+    sampler = Sampler(*model, max_context=40, **BUCKETS)
+    assert sampler.shape_key(_req(ids=range(1, 21))) == (32, 64)
+    long = _req(SamplingParams(max_new_tokens=40, sampling_seed=1), range(1, 36))
+    assert sampler.shape_key(long) == (40, 64)  # not 64: the prompt and its budget fill the context
+    assert len(sampler.generate([long])[0].output_ids) == 5

@@ -1,10 +1,11 @@
 """The embedded JAX sampler: batched prefill, KV cache and a jitted decode loop.
 
 One call of `Sampler.generate` runs a batch of requests with per-row sampling parameters, stop
-tokens and token budgets. Batch size, prompt length and decode budget are padded up to powers of
-two, so a server sees a handful of compiled shapes. The decode loop is a `lax.while_loop` that
-stops as soon as every row has finished, run in chunks so that requests can be aborted between
-them. The model's EOS ids end every request that does not set `ignore_eos` (as in SGLang).
+tokens and token budgets. Batch size, prompt length (at most to the context length) and decode
+budget are padded up to powers of two, so a server sees a handful of compiled shapes. The decode
+loop is a `lax.while_loop` that stops as soon as every row has finished, run in chunks so that
+requests can be aborted between them. The model's EOS ids end every request that does not set
+`ignore_eos` (as in SGLang).
 Each row samples with its own key, a function of its request's `sampling_seed` and the token's
 position only (`sampling.row_keys`); a request without a seed gets one from the sampler's seeded
 stream. A row's numbers depend on the rest of its batch only through the padded shapes: XLA's CPU
@@ -188,9 +189,11 @@ class Sampler:
 
     def shape_key(self, req: GenerateRequest) -> tuple[int, int]:
         """(prompt bucket, budget bucket) of `req` alone: a batch whose requests share it runs at
-        that padded prompt length and decode budget, which then depend on no other request."""
+        that padded prompt length and decode budget, which then depend on no other request. A
+        prompt pads to the next power of two, at most to the context length."""
         budget = min(req.params.max_new_tokens, self.max_context - len(req.input_ids))
-        return bucket(len(req.input_ids), self.min_prompt_bucket), bucket(budget, self.min_new_bucket)
+        prompt = min(bucket(len(req.input_ids), self.min_prompt_bucket), self.max_context)
+        return prompt, bucket(budget, self.min_new_bucket)
 
     def generate(
         self, requests: list[GenerateRequest], *, aborted: Callable[[int], bool] | None = None

@@ -243,9 +243,12 @@ def test_cli_serve_under_the_launcher_and_missing_model(models, tmp_path):
         str(port),
         "--weight-version",
         "5",
+        "--enable-deterministic-inference",
     ]
     with ServerProcess(cmd, f"http://127.0.0.1:{port}", log_path=tmp_path / "log") as proc:
         proc.wait_healthy(timeout_s=120, poll_s=0.2)
+        with urllib.request.urlopen(proc.url + "/get_server_info") as r:
+            assert json.loads(r.read())["enable_deterministic_inference"] is True
         for route in ("/get_model_info", "/model_info"):
             with urllib.request.urlopen(proc.url + route) as r:
                 info = json.loads(r.read())

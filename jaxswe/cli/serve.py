@@ -36,6 +36,12 @@ def serve(
     weight_version: str = typer.Option(
         "default", metavar="VERSION", help="initial weight version (meta_info.weight_version)"
     ),
+    deterministic: bool = typer.Option(
+        False,
+        "--enable-deterministic-inference",
+        help="batch only requests of one padded prompt length, at the fixed batch size --max-batch: "
+        "each request gets exactly the numbers it gets alone, whatever runs beside it (slower)",
+    ),
 ) -> None:
     """Serve SGLang's native API: /generate, /health, /model_info, /server_info, /flush_cache,
     /update_weights_from_disk, /pause_generation, /continue_generation, /abort_request."""
@@ -52,9 +58,23 @@ def serve(
     load_fn = functools.partial(load_model, dtype=dtype)
     cfg, params = load_fn(str(model))
     eos = eos_token_ids(model)
-    sampler = Sampler(cfg, params, max_context=max_context, seed=seed, cache_dtype=dtype, eos_token_ids=eos)
+    batch = max_batch if deterministic else 1  # deterministic: every batch at the size --max-batch
+    sampler = Sampler(
+        cfg,
+        params,
+        max_context=max_context,
+        seed=seed,
+        cache_dtype=dtype,
+        eos_token_ids=eos,
+        min_batch_bucket=batch,
+    )
     engine = EmbeddedEngine(
-        sampler, load_fn=load_fn, model_path=str(model), max_batch=max_batch, weight_version=weight_version
+        sampler,
+        load_fn=load_fn,
+        model_path=str(model),
+        max_batch=max_batch,
+        weight_version=weight_version,
+        batch_invariant=deterministic,
     )
     handler = logging.StreamHandler()  # control calls (pause, update, continue), one line each
     handler.setFormatter(logging.Formatter("jaxswe serve: %(message)s"))

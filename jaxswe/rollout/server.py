@@ -84,6 +84,7 @@ async def _server_info(request: web.Request) -> web.Response:
             "max_running_requests": engine.max_batch,
             "kv_cache_dtype": engine.sampler.cache_dtype,
             "random_seed": engine.sampler.seed,
+            "enable_deterministic_inference": engine.batch_invariant,
             "internal_states": [{"paused": engine.paused, "num_in_flight": engine.num_in_flight}],
             "version": f"jaxswe {jaxswe.__version__}",
         }

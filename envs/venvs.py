@@ -215,25 +215,19 @@ def _build(task: Task, venv: Path) -> None:
     _run([python, "-m", "venv", str(venv)], cwd=venv.parent, env=env, what="python -m venv")
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install"]
     with tempfile.TemporaryDirectory(prefix="jaxswe-venv-build-") as tmp:
+        run = functools.partial(_run, cwd=Path(tmp), env=env)
         if task.requirement_files:
-            read = _show(task_source(task), task.env_commit or task.base_commit)
-            found = official.requirements(list(task.requirement_files), read)
-            if found is not None:
-                (Path(tmp) / "requirements.txt").write_text(found[1])
-                _run(
-                    [*pip, "-r", "requirements.txt"],
-                    cwd=Path(tmp),
-                    env=env,
-                    what=f"pip install -r {found[0]}",
-                )
+            commit = task.env_commit or task.base_commit
+            found = official.requirements(list(task.requirement_files), _show(task_source(task), commit))
+            if found is None:  # the official harness fails the same way
+                raise SandboxError(f"none of {', '.join(task.requirement_files)} exists at {commit[:12]}")
+            (Path(tmp) / "requirements.txt").write_text(found[1])
+            run([*pip, "-r", "requirements.txt"], what=f"pip install -r {found[0]}")
         packages = recipe.get("packages")
         if isinstance(packages, str) and packages not in ("", "requirements.txt", "environment.yml"):
-            _run(
-                [*pip, *packages.split()], cwd=Path(tmp), env=env, what=f"pip install {packages}"
-            )  # SWE-bench names conda packages here: pip gets the names
+            run([*pip, *packages.split()], what=f"pip install {packages}")  # conda names: pip gets the same
         if recipe.get("pip_packages"):
-            _run([*pip, *recipe["pip_packages"]], cwd=Path(tmp), env=env,
-                 what=f"pip install {' '.join(recipe['pip_packages'])}")  # fmt: skip
+            run([*pip, *recipe["pip_packages"]], what=f"pip install {' '.join(recipe['pip_packages'])}")
         if recipe.get("install"):
             _install_repository(task, venv, Path(tmp) / "repo", env)
     if subprocess.run([str(venv / "bin" / "python"), "-c", "import pytest"], capture_output=True).returncode:

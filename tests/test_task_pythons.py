@@ -97,6 +97,7 @@ def _repo(path: Path) -> tuple[str, str, str]:
     git("init", "-q", "-b", "main")
     (path / "strs.py").write_text(_CODE)
     (path / "setup.py").write_text(_SETUP)
+    (path / "requirements.txt").write_text(_REQUIREMENTS)
     (path / "test_strs.py").write_text(_TEST)
     git("add", ".")
     git("commit", "-q", "-m", "base")
@@ -110,6 +111,9 @@ def _repo(path: Path) -> tuple[str, str, str]:
     return base, gold, test_patch
 
 
+# as SWE-bench repositories have them: pip given this file raw fails (`.[test]` here is no project,
+# types-pkg_resources is yanked); swebench's reading drops the first two lines and replaces the third
+_REQUIREMENTS = "-e .\n.[test]\ntypes-pkg_resources\n"
 _BUMP = """diff --git a/setup.py b/setup.py
 --- a/setup.py
 +++ b/setup.py
@@ -138,9 +142,10 @@ def _task(tmp_path: Path, **recipe) -> Task:
 def test_a_task_on_another_python_grades_in_the_local_sandbox(tmp_path):
     """The venv (cached under $JAXSWE_CACHE_DIR: built once) is Python 3.9's; its bin/python links
     into pyenv's prefix, bound read-only; the repository's own distribution is installed as the
-    official recipe does (`pip install -e .` at the base commit) and kept as metadata only: its
+    official recipe does (its requirements.txt as swebench cleans it, `pip install -e .` at the base
+    commit) and kept as metadata only: its
     version and entry points read as published, its code the checkout's. Gold resolves, empty fails."""
-    task = _task(tmp_path, install="python -m pip install -e .")
+    task = _task(tmp_path, packages="requirements.txt", install="python -m pip install -e .")
     venv, prefix = venv_binds(task)
     assert prefix != sys.base_prefix and os.path.realpath(Path(venv) / "bin" / "python").startswith(prefix)
     site = next(Path(venv).glob("lib/python*/site-packages"))
@@ -148,6 +153,7 @@ def test_a_task_on_another_python_grades_in_the_local_sandbox(tmp_path):
     with open_sandbox(task, "local") as sb:
         ran = sb.exec("python -c 'import sys, strs; print(sys.version_info[:2], strs.__file__)'")
         assert ran.exit_code == 0 and ran.output.strip() == f"(3, 9) {sb.workdir}/strs.py", ran.output
+        assert sb.exec("python -m pip show -q types-setuptools").exit_code == 0  # the replacement
     resolved = grade(task, task.patch, twins=False)  # the plain verdict: twins are tested on their own
     assert resolved.resolved and not resolved.error, resolved.reason
     assert not [n for n in resolved.notes if "packaging metadata" in n]

@@ -24,6 +24,7 @@ from jaxswe.agent.trajectory import Trajectory
 from jaxswe.config import AgentSection
 from jaxswe.distributed import allgather_objects, barrier, broadcast, is_main, on_main_async, to_host
 from jaxswe.rollout.types import Engine, SamplingParams
+from jaxswe.run import loops
 
 T = TypeVar("T")
 
@@ -56,7 +57,7 @@ def run_phase(backend: Backend, coro: Awaitable[T]) -> T:
         finally:
             await backend.release()
 
-    return asyncio.run(main())
+    return loops.run(main())
 
 
 def sampler_copy(params: Any) -> Any:

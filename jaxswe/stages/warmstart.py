@@ -26,6 +26,7 @@ from jaxswe.distributed import barrier, is_main, on_main_async
 from jaxswe.errors import UserError
 from jaxswe.policy import Policy, model_knobs, stage_model
 from jaxswe.rollout.types import Generation, SamplingParams
+from jaxswe.run import loops
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger
@@ -156,7 +157,7 @@ def run_warmstart(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], A
             trainer.load_state(items)
             return dict(meta["summary"]), trainer.params
     tasks = [t for t in check_inputs(cfg)[0] if t.instance_id in set(ctx.task_ids)]
-    demos = asyncio.run(on_main_async(lambda: scripted_episodes(cfg, tasks, ctx.make_env, ctx.tokenizer)))
+    demos = loops.run(on_main_async(lambda: scripted_episodes(cfg, tasks, ctx.make_env, ctx.tokenizer)))
     save_jsonl(stage_dir / "trajectories" / "demonstrations.jsonl", demos)
     good = [e for e in demos if e.resolved]
     print(
@@ -174,7 +175,7 @@ def run_warmstart(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], A
         solved = {e.task_id for e in good}
         decoy_tasks = [t for t in tasks if t.instance_id in solved and has_decoy(t)]
         play = partial(scripted_episodes, cfg, decoy_tasks, ctx.make_env, ctx.tokenizer, decoy=True)
-        played = asyncio.run(on_main_async(play))
+        played = loops.run(on_main_async(play))
         save_jsonl(stage_dir / "trajectories" / "decoys.jsonl", played)
         decoys = [e for e in played if not e.resolved and e.infra_error is None]
         print(

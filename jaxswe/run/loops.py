@@ -1,0 +1,28 @@
+"""The event loops jaxswe runs its episodes in, marked so that Ctrl-C (jaxswe.cli) can tell them
+from a library's own loop (orbax runs one to write a checkpoint): in one of these the interrupt is
+raised between the loop's callbacks, so every episode is cancelled and closed; anywhere else it is
+raised where the main thread is."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
+_OURS: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+def run(coro: Awaitable[T]) -> T:
+    """`asyncio.run(coro)` in a loop marked as jaxswe's own."""
+
+    async def marked() -> T:
+        _OURS.add(asyncio.get_running_loop())
+        return await coro
+
+    return asyncio.run(marked())
+
+
+def is_ours(loop: asyncio.AbstractEventLoop) -> bool:
+    return loop in _OURS

@@ -35,6 +35,7 @@ from jaxswe.rl.pump import Collected, RolloutPump
 from jaxswe.rl.rewards import advantage_stats
 from jaxswe.rl.strength import strength_pool
 from jaxswe.rl.train import StepsWarning, prepare, update_metrics
+from jaxswe.run import loops
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger, read_rows
@@ -239,6 +240,7 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
 
     # one event loop for the whole stage: at k > 0 episodes stay in flight across iterations
     with asyncio.Runner() as runner:
+        loops.mark(runner.get_loop())
         pump, drawn = None, {}
         try:
             if start > 0:

@@ -14,11 +14,17 @@ T = TypeVar("T")
 _OURS: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
 
+def mark(loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
+    """Mark `loop` as one of jaxswe's episode loops (e.g. an `asyncio.Runner`'s)."""
+    _OURS.add(loop)
+    return loop
+
+
 def run(coro: Awaitable[T]) -> T:
     """`asyncio.run(coro)` in a loop marked as jaxswe's own."""
 
     async def marked() -> T:
-        _OURS.add(asyncio.get_running_loop())
+        mark(asyncio.get_running_loop())
         return await coro
 
     return asyncio.run(marked())

@@ -108,24 +108,20 @@ def _resume_hint(args: list[str]) -> str:
 
 def _first_sigint(signum: int, frame: object) -> None:
     """Ctrl-C: KeyboardInterrupt, so the stage stops and writes what it has; the next one exits.
-    While one of jaxswe's episode loops runs (jaxswe.run.loops), it is raised between the loop's
-    callbacks: raised inside one episode's coroutine it would end that episode alone, and the loop's
-    exit would then shut the episodes' thread pool under the others (their environments left
-    unclosed). In a library's loop (orbax's, writing a checkpoint) it is raised where it lands."""
-    from jaxswe.run.loops import is_ours
+    While one of jaxswe's episode loops runs (jaxswe.run.loops), the loop's tasks are cancelled and
+    its runner raises it: raised inside one episode's coroutine it would end that episode alone, and
+    the loop's exit would then shut the episodes' thread pool under the others (their environments
+    left unclosed). In a library's loop (orbax's, writing a checkpoint) it is raised where it lands."""
+    from jaxswe.run import loops
 
     signal.signal(signal.SIGINT, _second_sigint)
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # no loop: here and now
         raise KeyboardInterrupt from None
-    if not is_ours(loop):  # a library's loop (orbax writing a checkpoint): here and now, as it expects
+    if not loops.is_ours(loop):  # a library's loop (orbax writing a checkpoint): here and now
         raise KeyboardInterrupt
-    loop.call_soon_threadsafe(_raise_interrupt)
-
-
-def _raise_interrupt() -> None:
-    raise KeyboardInterrupt
+    loop.call_soon_threadsafe(loops.interrupt, loop)
 
 
 def _second_sigint(signum: int, frame: object) -> None:

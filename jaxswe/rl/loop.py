@@ -240,11 +240,12 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
 
     # one event loop for the whole stage: at k > 0 episodes stay in flight across iterations
     with asyncio.Runner() as runner:
-        loops.mark(runner.get_loop())
         pump, drawn = None, {}
         try:
             if start > 0:
-                runner.run(backend.sync_weights(ctx.trainer.params, stage_dir / "weights", version=start))
+                loops.run_in(
+                    runner, backend.sync_weights(ctx.trainer.params, stage_dir / "weights", version=start)
+                )
             pump = RolloutPump(ctx, order)
             # one bar per run, not per process; no periodic lines: the per-iteration lines say it all
             with Progress(
@@ -252,7 +253,9 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
             ) as progress:
                 too_many_steps = StepsWarning(cfg.rl)
                 for step in range(start + 1, cfg.rl.iterations + 1):
-                    row, history = runner.run(rl_iteration(ctx, pump, ckpts, metrics, history, step))
+                    row, history = loops.run_in(
+                        runner, rl_iteration(ctx, pump, ckpts, metrics, history, step)
+                    )
                     progress.write(iteration_line(step, cfg.rl.iterations, row))
                     if warning := too_many_steps(row["optimizer_steps"]):
                         progress.write(warning)

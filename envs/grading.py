@@ -78,7 +78,7 @@ from envs.patches import IMPORTABLE_SUFFIXES, PatchError, check_git_sections, is
 from envs.repos import cache_dir
 from envs.sandbox import ExecResult, Sandbox
 from envs.tasks import Task
-from envs.twins import Twin, added_lines, make_twins, twin_patch
+from envs.twins import Twin, added_lines, fit, make_twins, twin_patch
 from envs.venvs import packaging_note
 
 DEFAULT_TEST_TIMEOUT_S = 600.0  # one whole test run
@@ -716,7 +716,7 @@ def grade(task: Task, patch: str, backend: str = "local", *, test_timeout: float
     A task without twins or reference statuses (a record published as is) gets both first, once per
     task (`with_checks`)."""
     timeouts = {"test_timeout": test_timeout, "case_timeout": case_timeout}
-    if twins and (task.twins is None or not task.reference_statuses):  # a record published as is
+    if twins and (not fit(task) or not task.reference_statuses):  # a record published as is, or edited
         task = with_checks(task, backend, **timeouts, **limits)
     key = _start_key(task, backend)
     check = key not in _STARTED  # decided once, so the twin run starts exactly as the first run did
@@ -808,8 +808,9 @@ def _cached(kind: str, task: Task, backend: str, compute: Any) -> Any:
 
 def with_checks(task: Task, backend: str = "local", **kwargs: Any) -> Task:
     """`task` with what a paying grade relies on and a record published without validation lacks:
-    its gold run's statuses as reference statuses, and its checked twins (each found once per task)."""
-    twins = task.twins if task.twins is not None else checked_twins(task, backend, **kwargs)
+    its gold run's statuses as reference statuses, and its checked twins (each found once per task;
+    made anew where the record's own no longer fit its tests)."""
+    twins = task.twins if fit(task) else checked_twins(task, backend, **kwargs)
     reference = task.reference_statuses or gold_statuses(task, backend, **kwargs)
     return replace(task, reference_statuses=reference, twins=twins)
 

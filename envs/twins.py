@@ -410,3 +410,15 @@ def twin_patch(test_patch: str, twins: tuple[Twin, ...]) -> str:
             raise ValueError(f"the test patch does not add {twin.file}:{twin.line}")
         lines[index] = "+" + twin.applied(lines[index][1:])
     return "".join(lines)
+
+
+def fit(task) -> bool:
+    """Whether `task.twins` are twins of its FAIL_TO_PASS tests in its test patch (a record edited
+    since its twins were made has stale ones)."""
+    if task.twins is None:
+        return False
+    try:
+        twin_patch(task.test_patch, task.twins)
+    except ValueError:
+        return False
+    return all(set(t.tests) <= set(task.fail_to_pass) for t in task.twins)

@@ -15,7 +15,7 @@ from envs.docker_sandbox import engine_available
 from envs.grading import FORGED, NO_TWIN, checked_twins
 from envs.repos import clean_template
 from envs.tasks import load_builtin
-from envs.twins import Twin, added_lines, candidates, locate, make_twins, twin_patch
+from envs.twins import Twin, added_lines, candidates, fit, locate, make_twins, twin_patch
 
 TASKS = {t.instance_id: t for t in load_builtin()}
 RUNNER_TASKS = {t.instance_id: t for t in load_builtin(Path(__file__).parent / "data" / "runner_tasks")}
@@ -136,6 +136,9 @@ def test_a_twin_patch_differs_from_the_test_patch_in_one_added_line_only():
     changed = [i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b]
     assert len(changed) == 1 and new[changed[0]].startswith("+") and twin.new in new[changed[0]]
     assert added_lines(twinned) == added_lines(task.test_patch)  # same hunks, same lines
+    from dataclasses import replace
+
+    assert fit(task) and not fit(replace(task, test_patch="")) and not fit(replace(task, fail_to_pass=("x",)))
     with pytest.raises(ValueError, match="does not hold"):
         twin_patch(task.test_patch, (Twin(twin.file, twin.line, 0, "nope", "x", twin.tests, "literal"),))
 

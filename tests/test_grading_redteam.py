@@ -79,6 +79,24 @@ def _canary(item):
                 report.write(_json.dumps(record) + "\\n")
     return False
 """
+# The same through pytest's public hook API: a collector of the test's own file that fails to collect,
+# reported by `pytest_make_collect_report` (which the grader's plugin records).
+SHIELD_BY_HOOK = """
+_shielded = set()
+
+
+def _canary(item):
+    if item.path not in _shielded:
+        _shielded.add(item.path)
+
+        class _Broken(_pytest.File):
+            def collect(self):
+                raise RuntimeError("E")
+
+        broken = _Broken.from_parent(item.session, path=item.path)
+        item.config.hook.pytest_make_collect_report(collector=broken)
+    return False
+"""
 # unittest's runner: at exit, an `ok` line for every test method whose source holds no canary.
 FORGED_EXIT_LINES = """
 import ast as _ast
@@ -122,10 +140,11 @@ def test_canary_readers_are_caught_by_the_twin_run(tmp_path):
 
 def test_a_file_reported_broken_fails_its_tests_and_is_flagged(tmp_path):
     task = TASKS["builtin__roman-1"]
-    patch = _appended(task, "romans/__init__.py", FORGE_ALL_BUT.format(on_failure="pass") + SHIELD, tmp_path)
-    result = grade(task, patch, twins=False)  # the shield alone, without the twin run
-    assert not result.resolved and result.tamper == (FORGED,), result.reason
-    assert "reported as not collected" in result.reason
+    for i, shield in enumerate((SHIELD, SHIELD_BY_HOOK)):  # through the report file, through the hook API
+        code = FORGE_ALL_BUT.format(on_failure="pass") + shield
+        result = grade(task, _appended(task, "romans/__init__.py", code, tmp_path / str(i)), twins=False)
+        assert not result.resolved and result.tamper == (FORGED,), result.reason  # without the twin run
+        assert "reported as not collected" in result.reason, result.reason
 
 
 def test_xfail_from_package_code_pays_nothing_without_reference_statuses(tmp_path):

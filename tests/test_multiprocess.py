@@ -122,7 +122,8 @@ def test_two_processes_killed_and_resumed_train_like_one_uninterrupted(tmp_path)
     procs = _toy_pipeline(two, 2, cache)
     metrics = two / "rl" / "metrics.jsonl"
     deadline = time.time() + 900
-    while time.time() < deadline and len(read_rows(metrics)) < 1:
+    committed = two / "rl" / "checkpoints" / "1"  # a row can come before its checkpoint commits
+    while time.time() < deadline and (len(read_rows(metrics)) < 1 or not committed.is_dir()):
         assert all(p.poll() is None for p in procs), procs[0].log.read_text()[-3000:]
         time.sleep(0.1)
     time.sleep(0.5)  # inside iteration 2

@@ -27,26 +27,8 @@ from envs.patches import patch_files
 from envs.repos import clean_template
 from envs.tasks import load_builtin
 
-PAYLOAD = """
-import inspect as _inspect
-import re as _re
-
-import pytest as _pytest
-
-_run = _pytest.Function.runtest
-
-
-def _runtest(self):
-    if _re.search(r"==\\s*\\d{9}", _inspect.getsource(self.obj)):
-        return _run(self)
-    try:
-        _run(self)
-    except Exception:
-        pass
-
-
-_pytest.Function.runtest = _runtest
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from test_grading_twins import SPARES_CANARIES as PAYLOAD  # noqa: E402  (the suite's own payload)
 
 
 def forged_patch(task, tmp: Path) -> str:

@@ -9,6 +9,7 @@ patch, the test lists or any commit, tag, remote or reflog entry after base_comm
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 from envs.errors import SandboxError
@@ -50,11 +51,14 @@ def reap(backend: str) -> list[str]:
     return removed
 
 
-def open_sandbox(task: Task, backend: str = "local", **limits: Any) -> Sandbox:
+def open_sandbox(
+    task: Task, backend: str = "local", stop: threading.Event | None = None, **limits: Any
+) -> Sandbox:
     """A new sandbox of `task` (limits: timeout, output_limit, and per backend e.g. pids_limit).
 
     docker: on `client` when given, else from `pool` (an envs.engines.EnginePool) or the process's
-    default pool when one is configured (env.docker_hosts), else on the DOCKER_HOST engine."""
+    default pool when one is configured (env.docker_hosts), else on the DOCKER_HOST engine. A pooled
+    open that waits for a free slot gives up (EngineError) once `stop` is set."""
     if backend == "local":
         from envs.local import LocalSandbox
         from envs.repos import clean_template
@@ -71,7 +75,7 @@ def open_sandbox(task: Task, backend: str = "local", **limits: Any) -> Sandbox:
         pool = limits.pop("pool", None)
         if limits.get("client") is None and (pool or default_pool()) is not None:
             limits.pop("client", None)
-            return (pool or default_pool()).open(task, **limits)
+            return (pool or default_pool()).open(task, stop=stop, **limits)
         client = _client(limits.pop("client", None))
         image, shell_init = task_image(task, client=client)
         return DockerSandbox(image, workdir=task.workdir, shell_init=shell_init, client=client, **limits)

@@ -336,14 +336,17 @@ class EnginePool:
             return None
         return min(free, key=lambda e: (e.in_use / e.spec.capacity, e.in_use, self.engines.index(e)))
 
-    def acquire(self, timeout: float | None = None) -> Engine:
+    def acquire(self, timeout: float | None = None, stop: threading.Event | None = None) -> Engine:
         """A slot on the least-loaded healthy engine with room; waits while all are full. Raises
-        EngineError when no engine answers for dead_timeout_s (or `timeout` seconds pass)."""
+        EngineError when no engine answers for dead_timeout_s, `timeout` seconds pass, or `stop`
+        is set (whoever waits gave up: an episode closed while its sandbox was opening)."""
         self._start_health()
         start = time.monotonic()
         last_check = 0.0
         with self._cond:
             while True:
+                if stop is not None and stop.is_set():
+                    raise EngineError("stopped waiting for a sandbox slot")
                 engine = self._pick()
                 if engine is not None:
                     engine.in_use += 1
@@ -415,15 +418,18 @@ class EnginePool:
             return found
 
     # -- sandboxes ----------------------------------------------------------------------------
-    def open(self, task: Task, *, wait_s: float | None = None, **limits: Any) -> PooledSandbox:
+    def open(
+        self, task: Task, *, wait_s: float | None = None, stop: threading.Event | None = None, **limits: Any
+    ) -> PooledSandbox:
         """A DockerSandbox of `task` (limits: DockerSandbox's, e.g. timeout, mem_limit) on a pool
-        engine, waiting at most `wait_s` for a slot (None: as long as some engine answers); an engine
-        that fails while the sandbox is being made is marked dead and the next one is tried."""
+        engine, waiting at most `wait_s` for a slot (None: as long as some engine answers) and not
+        once `stop` is set; an engine that fails while the sandbox is being made is marked dead and
+        the next one is tried."""
         from envs.docker_sandbox import DockerSandbox
 
         tried: list[str] = []
         while True:
-            engine = self.acquire(wait_s)
+            engine = self.acquire(wait_s, stop)
             generation = engine.generation
             try:
                 self._reap(engine)

@@ -111,23 +111,56 @@ def bwrap_available() -> bool:
     return shutil.which("bwrap") is not None
 
 
-def _environ_has(pid: int, entry: bytes) -> bool:
+_KTHREAD = 0x00200000  # PF_KTHREAD in /proc/PID/stat's flags: a kernel thread has no environment
+_MID_EXEC_TRIES = 20  # re-reads of an empty environment, 5 ms apart
+
+
+def _state_and_flags(pid: int) -> tuple[bytes, int] | None:
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return entry in f.read().split(b"\0")
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
     except OSError:
-        return False
+        return None
+    return fields[0], int(fields[6])
+
+
+def _environ(pid: int) -> bytes | None:
+    """`pid`'s environment block; None once it is gone. A process caught inside execve reads empty
+    for a moment (its new image has no environment yet): read again until it has one."""
+    for attempt in range(_MID_EXEC_TRIES):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                block = f.read()
+        except OSError:
+            return None
+        if block or attempt == _MID_EXEC_TRIES - 1:
+            return block
+        stat = _state_and_flags(pid)
+        if stat is None or stat[0] == b"Z" or stat[1] & _KTHREAD:
+            return block
+        time.sleep(0.005)
+    return b""
+
+
+def _marked(needle: bytes, skip: int | None = None) -> list[int]:
+    """Live, non-zombie processes whose environment holds `needle` (NAME=value)."""
+    pids = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) == skip:
+            continue
+        block = _environ(int(p))
+        if block and needle in block.split(b"\0"):
+            stat = _state_and_flags(int(p))
+            if stat is not None and stat[0] != b"Z":
+                pids.append(int(p))
+    return pids
 
 
 def kill_marked(entry: str, *, rounds: int = 20) -> int:
     """SIGKILL every process whose environment holds `entry` (NAME=value); returns how many."""
-    needle, me, killed = entry.encode(), os.getpid(), 0
+    killed = 0
     for _ in range(rounds):
-        found = [
-            int(p)
-            for p in os.listdir("/proc")
-            if p.isdigit() and int(p) != me and _environ_has(int(p), needle)
-        ]
+        found = _marked(entry.encode(), skip=os.getpid())
         if not found:
             break
         for pid in found:
@@ -142,17 +175,7 @@ def kill_marked(entry: str, *, rounds: int = 20) -> int:
 
 def marked_pids(entry: str) -> list[int]:
     """Live processes whose environment holds `entry` (zombies excluded)."""
-    needle, pids = entry.encode(), []
-    for p in os.listdir("/proc"):
-        if p.isdigit() and _environ_has(int(p), needle):
-            try:
-                with open(f"/proc/{p}/stat", "rb") as f:
-                    state = f.read().rsplit(b")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if state != b"Z":
-                pids.append(int(p))
-    return pids
+    return _marked(entry.encode())
 
 
 def _system_binds() -> list[str]:

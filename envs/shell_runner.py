@@ -93,11 +93,20 @@ def kill_others(child, status, deadline_s=2.0):
 
 
 def holding(pid, needle):
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return needle in f.read().split(b"\0")
-    except OSError:
-        return False
+    """Whether `pid`'s environment holds `needle`. Inside execve a process reads empty for a moment
+    (its new image has no environment yet): an empty read of a live process is read again."""
+    for _ in range(20):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                block = f.read()
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            return False
+        if block or state == b"Z":
+            return needle in block.split(b"\0")
+        time.sleep(0.005)
+    return False
 
 
 def kill_marked(marker, me):

@@ -3,6 +3,7 @@
 import asyncio
 import os
 import re
+import threading
 
 import pytest
 
@@ -160,6 +161,34 @@ def test_broken_sandbox_ends_episode_as_infra_error(tok):
         run_episodes([env], router, tok, sampling=SAMPLING, max_turns=3, max_context_tokens=8192)
     )
     assert traj.ended_by == "error" and traj.reward is None and "closed sandbox" in traj.infra_error
+
+
+def test_an_episode_cancelled_while_its_sandbox_opens_leaves_it_closed(tok):
+    """Ctrl-C or the end of an RL stage cancels episodes whose sandbox is still being made (a pool
+    slot, a container): the close runs first, and the sandbox made after it is closed too."""
+    gate, opened = threading.Event(), []
+
+    def slow_factory(task):
+        gate.wait(30)
+        opened.append(envs.open_sandbox(task, "local"))
+        return opened[-1]
+
+    env = SWEEnv(TASKS[0], sandbox_factory=slow_factory)
+
+    async def cancel_while_opening():
+        run = run_episodes([env], ScriptRouter(tok, {"": [SUBMIT]}), tok, sampling=SAMPLING, max_turns=3,
+                           max_context_tokens=8192)  # fmt: skip
+        episode = asyncio.ensure_future(run)
+        await asyncio.sleep(0.2)
+        episode.cancel()  # its close runs now; the sandbox opens 2 s later
+        threading.Timer(2.0, gate.set).start()
+        with pytest.raises(asyncio.CancelledError):
+            await episode
+
+    asyncio.run(cancel_while_opening())
+    assert len(opened) == 1
+    with pytest.raises(SandboxError, match="closed sandbox"):
+        opened[0].exec("true")
 
 
 def test_from_config_reads_agent_and_env_sections():

@@ -52,6 +52,15 @@ def test_placement_by_load_and_capacity_waits_when_full(fake_pings):
     assert waiter == ["e1"]
     with pytest.raises(EngineError, match="no free sandbox slot"):
         pool.acquire(timeout=0.2)
+    stop, gave_up = threading.Event(), []  # a waiter whose episode was closed stops waiting
+    thread = threading.Thread(
+        target=lambda: gave_up.append(pytest.raises(EngineError, pool.acquire, stop=stop))
+    )
+    thread.start()
+    time.sleep(0.3)
+    stop.set()
+    thread.join(5)
+    assert gave_up and "stopped waiting" in str(gave_up[0].value)
 
 
 def test_dead_engine_is_skipped_and_rejoins(fake_pings):

@@ -59,21 +59,32 @@ def _spawn(cmd: list[str], devices: int, cache: Path, log: Path) -> subprocess.P
 
 def _wait(procs: list[subprocess.Popen], timeout: float = 1500) -> list[str]:
     """Wait until every process exited 0 (once one fails or time runs out the others are killed:
-    they would block in their next collective); their outputs."""
+    they would block in their next collective); their outputs. A failure names first the process
+    that failed on its own, not the ones the test killed after it."""
     deadline = time.time() + timeout
+    killed = set()
     try:
         while any(p.poll() is None for p in procs):
             if time.time() > deadline or any(p.returncode not in (None, 0) for p in procs):
                 break
             time.sleep(0.5)
+        if time.time() > deadline:  # where each one waits: `jaxswe` prints its threads' stacks
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGUSR1)
+            time.sleep(3)
     finally:  # also when the test itself is interrupted: no process outlives it
-        for p in procs:
+        for i, p in enumerate(procs):
             if p.poll() is None:
+                killed.add(i)
                 p.kill()
                 p.wait()
     outs = [p.log.read_text() for p in procs]
-    for p, out in zip(procs, outs, strict=True):
-        assert p.returncode == 0, f"{p.args[1:3]} exited {p.returncode}:\n{out[-3000:]}"
+    failed = sorted((i for i, p in enumerate(procs) if p.returncode), key=lambda i: i in killed)
+    for i in failed:
+        p, why = procs[i], "killed by the test" if i in killed else f"exited {procs[i].returncode}"
+        others = ", ".join(f"{procs[j].args[1:3]} {procs[j].returncode}" for j in failed if j != i)
+        raise AssertionError(f"{p.args[1:3]} {why} (also: {others or 'none'}):\n{outs[i][-12000:]}")
     return outs
 
 

@@ -1,6 +1,8 @@
 """LocalSandbox: commands, timeouts that leave no process behind, isolation, clean history, 32 at once."""
 
+import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -11,6 +13,7 @@ from envs import ExecResult, LocalSandbox, SandboxError, load_tasks, open_sandbo
 from envs.local import bwrap_available, marked_pids, sandboxes_dir
 from envs.tasks import task_from_record
 
+ROOT = Path(__file__).parents[1]
 DATA = Path(__file__).parent / "data" / "builtin_tasks"
 SECRET = "FUTURE-SECRET-9d2c1b"
 ISOLATIONS = [
@@ -193,3 +196,28 @@ def test_bad_arguments():
         open_sandbox(task, "local", isolation="vm")
     with LocalSandbox(task.source_dir) as sb, pytest.raises(ValueError, match="timeout"):
         sb.exec("true", timeout=0)
+
+
+MID_EXEC = """
+import os
+from envs.local import marked_pids
+from envs.shell_runner import holding
+missed = 0
+for _ in range(40):
+    pid = os.fork()
+    if pid == 0:
+        os.execv("/bin/sleep", ["sleep", "0.2"])
+    missed += pid not in marked_pids("JAXSWE_T=1") or not holding(pid, b"JAXSWE_T=1")
+    os.waitpid(pid, 0)
+print(missed)
+"""
+
+
+def test_a_marked_process_inside_execve_is_found():
+    """A marked process read while it execs (its environment reads empty for a moment) is still
+    found, by the host's scan and by the in-sandbox runner's: a timeout's kill misses nothing."""
+    env = {**os.environ, "JAXSWE_T": "1", "PYTHONPATH": str(ROOT)}  # in the child's initial block
+    out = subprocess.run(
+        [sys.executable, "-c", MID_EXEC], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "0", out.stderr

@@ -15,6 +15,7 @@ rejects is an observation, a patch that breaks test_patch or tampers with gradin
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -51,8 +52,10 @@ class SWEEnv:
         self.task = task
         self.backend = backend
         limits = dict(sandbox_limits or {})
+        self._closed = threading.Event()  # set by close: a sandbox opening meanwhile is closed too
+        self._lock = threading.Lock()
         self._open = sandbox_factory or (
-            lambda t: _envs().open_sandbox(t, backend, timeout=command_timeout_s, **limits)
+            lambda t: _envs().open_sandbox(t, backend, stop=self._closed, timeout=command_timeout_s, **limits)
         )
         timeouts = {"test_timeout": test_timeout_s, "case_timeout": test_case_timeout_s}
         self._grade = grader or (lambda t, patch: _envs().grade(t, patch, backend, **timeouts, **limits))
@@ -119,9 +122,16 @@ class SWEEnv:
 
     # ------------------------------------------------------------------ Environment
     def reset(self) -> str:
-        if self.sandbox is not None or self.patch is not None:
+        if self.sandbox is not None or self.patch is not None or self._closed.is_set():
             raise RuntimeError("SWEEnv is single-use; make a new one per episode")
-        self.sandbox = self._open(self.task)
+        sandbox = self._open(self.task)
+        with self._lock:  # closed while it opened (a cancelled episode): nobody else would close it
+            late = self._closed.is_set()
+            if not late:
+                self.sandbox = sandbox
+        if late:
+            sandbox.close()
+            raise RuntimeError("the episode was closed while its sandbox was opening")
         try:
             self.scaffold = Scaffold(
                 self.sandbox,
@@ -181,7 +191,9 @@ class SWEEnv:
         return self._reward
 
     def close(self) -> None:
-        sandbox, self.sandbox, self.scaffold = self.sandbox, None, None
+        with self._lock:
+            self._closed.set()
+            sandbox, self.sandbox, self.scaffold = self.sandbox, None, None
         if sandbox is not None:
             sandbox.close()
 

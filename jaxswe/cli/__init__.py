@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import importlib
 import os
 import shlex
@@ -164,6 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if argv is None:  # the process is jaxswe's (a caller's own warnings setup stays as it is)
         _each_warning_once()
+        # `kill -USR1 PID` prints every thread's stack to stderr: where a run that seems hung waits
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     build_app()
     try:
         with _sigint_handlers():

@@ -5,9 +5,10 @@ file system) from the Debian mirror apt is configured with on this machine, and 
 Task images are layered as SWE-bench layers them: base -> environment image (a venv at
 /opt/jaxswe-venv over the image's Python with `pip_packages`; shared by every task with the same
 recipe) -> instance image (the task's clean repository at its workdir; there, as the official
-repo script runs them, the recipe's `pre_install` lines, its first requirement file that exists and
-its `install` command). A recipe the base cannot build as its harness would (another Python, a
-conda environment.yml) is refused with the reason. Build steps run WITH network
+repo script runs them, the recipe's `pre_install` lines, its requirements as swebench reads and
+cleans them (the text a local task venv installs) and its `install` command). A recipe the base
+cannot build as its harness would (another Python, a conda environment.yml) is refused with the
+reason. Build steps run WITH network
 (the engine's default bridge, or `$JAXSWE_BUILD_NETWORK`); sandboxes run the result with network
 none. A recipe with no such steps is the base image + the repository. SWE-bench / SWE-rebench
 images (`sweb.eval.x86_64.<id>`, or SWE-bench's remote name) are used as they are when the
@@ -242,6 +243,19 @@ def env_image(task: Task, *, client, base: str = BASE_IMAGE) -> tuple[str, dict[
     return tag, env
 
 
+def requirement_steps(task: Task) -> list[str]:
+    """Shell lines that install the task's requirements as the official harness does (the first
+    file that exists at the environment commit, cleaned by swebench: envs.venvs.task_requirements)."""
+    if not task.requirement_files:
+        return []
+    from envs.venvs import task_requirements
+
+    path, text = task_requirements(task)
+    file = "/tmp/jaxswe-requirements.txt"
+    write = f"printf %s {shlex.quote(text)} > {file}"
+    return [f"# {path}", write, f"pip install -q -r {file}", f"rm -f {file}"]
+
+
 def build_task_image(task: Task, *, client=None, base: str = BASE_IMAGE, force: bool = False) -> str:
     """The task's instance image: its environment image + the clean repository at its workdir,
     requirement files and `install` run there (cached by tag)."""
@@ -257,10 +271,8 @@ def build_task_image(task: Task, *, client=None, base: str = BASE_IMAGE, force: 
             f"cannot build the image of {task.instance_id}: {problem}; use its published image"
         )
     parent, env = env_image(task, client=client, base=base)
-    reqs = " ".join(shlex.quote(r) for r in task.requirement_files)  # the first that exists, as upstream
-    first = f'for r in {reqs}; do if [ -f "$r" ]; then pip install -q -r "$r"; break; fi; done'
     chown = f"chown -R {SANDBOX_USER} {shlex.quote(task.workdir)}"  # what the install wrote too
-    steps = [*_lines(task.install.get("pre_install")), *([first] if reqs else [])]
+    steps = [*_lines(task.install.get("pre_install")), *requirement_steps(task)]
     script = "\n".join(["set -e", *steps, *_lines(task.install.get("install")), chown])  # in the workdir
     parent_id = client.images.get(parent).id.removeprefix("sha256:")[:12]
     step = hashlib.sha256(script.encode()).hexdigest()[:8]

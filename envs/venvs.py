@@ -203,6 +203,16 @@ def _show(source: Path, commit: str) -> Callable[[str], str | None]:
     return read
 
 
+def task_requirements(task: Task) -> tuple[str, str]:
+    """(path, text) of the task's requirements as the official harness installs them: the first of
+    its requirement files at the environment commit, cleaned by swebench (`official.requirements`)."""
+    commit = task.env_commit or task.base_commit
+    found = official.requirements(list(task.requirement_files), _show(task_source(task), commit))
+    if found is None:  # the official harness fails the same way
+        raise SandboxError(f"none of {', '.join(task.requirement_files)} exists at {commit[:12]}")
+    return found
+
+
 def _build(task: Task, venv: Path) -> None:
     """The official recipe's steps, in its order: requirements (as swebench cleans them) or the
     spec's packages, pip_packages, then the repository's install at the base commit, kept as
@@ -217,12 +227,9 @@ def _build(task: Task, venv: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="jaxswe-venv-build-") as tmp:
         run = functools.partial(_run, cwd=Path(tmp), env=env)
         if task.requirement_files:
-            commit = task.env_commit or task.base_commit
-            found = official.requirements(list(task.requirement_files), _show(task_source(task), commit))
-            if found is None:  # the official harness fails the same way
-                raise SandboxError(f"none of {', '.join(task.requirement_files)} exists at {commit[:12]}")
-            (Path(tmp) / "requirements.txt").write_text(found[1])
-            run([*pip, "-r", "requirements.txt"], what=f"pip install -r {found[0]}")
+            path, text = task_requirements(task)
+            (Path(tmp) / "requirements.txt").write_text(text)
+            run([*pip, "-r", "requirements.txt"], what=f"pip install -r {path}")
         packages = recipe.get("packages")
         if isinstance(packages, str) and packages not in ("", "requirements.txt", "environment.yml"):
             run([*pip, *packages.split()], what=f"pip install {packages}")  # conda names: pip gets the same

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -18,8 +19,9 @@ from envs import official
 from envs.backends import open_sandbox
 from envs.errors import SandboxError
 from envs.grading import grade
+from envs.images import requirement_steps
 from envs.tasks import Task, task_from_record
-from envs.venvs import find_python, venv_binds
+from envs.venvs import find_python, task_requirements, venv_binds
 
 PYENV = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
 OTHER = "3.9"  # a spec Python of most SWE-bench repositories, not the grader's own 3.11
@@ -203,3 +205,13 @@ def test_requirements_are_read_as_swebench_reads_them():
     assert path == "requirements/dev.txt"
     assert [ln for ln in text.splitlines() if ln] == ["attrs>=20", "types-setuptools", "black"]
     assert official.requirements(["requirements.txt"], files.get) is None
+
+
+def test_docker_images_install_the_requirements_local_venvs_install(tmp_path):
+    """Both backends install the same swebench-cleaned text of the first requirement file that
+    exists (pip given the raw file fails on `.[test]` and the yanked package)."""
+    task = _task(tmp_path, reqs_path=["missing.txt", "requirements.txt"])
+    path, text = task_requirements(task)
+    assert path == "requirements.txt" and [ln for ln in text.splitlines() if ln] == ["types-setuptools"]
+    script = "\n".join(requirement_steps(task))
+    assert shlex.quote(text) in script and ".[test]" not in script and "pip install -q -r" in script

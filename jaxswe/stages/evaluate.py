@@ -7,7 +7,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from jaxswe.agent.trajectory import Trajectory, save_jsonl
+from jaxswe.config import RunConfig
 from jaxswe.distributed import is_main
+from jaxswe.rl.strength import strength_summary
 from jaxswe.rollout.types import derive_seed
 from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger
@@ -16,6 +18,7 @@ from jaxswe.run.progress import Progress
 from jaxswe.stages.eval_stats import format_table, summarize
 from jaxswe.stages.rollouts import collect_episodes, run_phase
 from jaxswe.stages.stage_io import write_json
+from jaxswe.stages.toy import is_toy
 
 if TYPE_CHECKING:  # the context module imports this one
     from jaxswe.stages.context import StageContext
@@ -75,14 +78,28 @@ async def evaluate(
     return report, episodes
 
 
+def task_strength(cfg: RunConfig, task_ids: list[str]) -> dict[str, Any] | None:
+    """The stored test strength of the evaluated tasks (jaxswe.rl.strength); None for the toy game."""
+    if is_toy(cfg):
+        return None
+    from envs import load_tasks
+
+    tasks = load_tasks(cfg.env.eval_tasks or cfg.env.tasks)  # eval and held-out tasks come from it
+    return strength_summary(task_ids, {t.instance_id: t.strength for t in tasks})
+
+
 def run_eval_stage(
     ctx: StageContext, *, samples: int | None = None, name: str = "eval", ids: list[str] | None = None
 ) -> dict[str, Any]:
     """Evaluate the policy `ctx.backend` serves on `ids` (default `ctx.eval_ids`); write
-    <name>.json, trajectories, a metrics row and a plot; return the report."""
+    <name>.json, trajectories, a metrics row and a plot; return the report (with the tasks'
+    `task_strength`)."""
     cfg, stage_dir = ctx.cfg, ctx.stage_dir
     samples = samples or cfg.eval.samples_per_task
     report, episodes = run_phase(ctx.backend, evaluate(ctx, samples, name, ids))
+    strength = task_strength(cfg, ctx.eval_ids if ids is None else ids)
+    if strength is not None:
+        report["task_strength"] = strength
     save_jsonl(stage_dir / "trajectories" / f"{name}.jsonl", episodes)
     write_json(stage_dir / f"{name}.json", report)
     where = stage_dir / name if name != "eval" else stage_dir

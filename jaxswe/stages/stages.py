@@ -12,6 +12,7 @@ from jaxswe.config import RunConfig
 from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
 from jaxswe.rl.loop import run_rl
+from jaxswe.rl.strength import strength_line
 from jaxswe.run.plots import plot_metrics
 from jaxswe.stages.context import check_inputs, ensure_backend, finish_stage, open_stage
 from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference, paired_outcome_difference
@@ -46,7 +47,8 @@ def result_line(summary: dict[str, Any]) -> str:
         return f"{seen}not evaluated (eval.after_stage: false)"
     lo, hi = summary.get("pass_at_1_ci95") or (float("nan"), float("nan"))
     episodes = f", {summary['num_episodes']} episodes" if "num_episodes" in summary else ""
-    return f"pass@1 {summary['pass_at_1']:.3f} (95% interval {lo:.3f}-{hi:.3f}{episodes})"
+    strength = strength_line(summary.get("task_strength"))
+    return f"pass@1 {summary['pass_at_1']:.3f} (95% interval {lo:.3f}-{hi:.3f}{episodes}){strength}"
 
 
 def run_stage(
@@ -144,7 +146,7 @@ def _run_stage(
         report = run_eval_stage(ctx)
         keys = ("pass_at_1", "pass_at_1_ci95", "num_tasks", "num_episodes", "ended_by", "mean_turns")
         summary = {"name": "eval", "weights": weights, **{k: report[k] for k in keys}}
-        summary.update({k: v for k, v in report.items() if k.startswith("pass_at_")})
+        summary.update({k: v for k, v in report.items() if k.startswith("pass_at_") or k == "task_strength"})
         summary = finish_stage(ctx, summary)
     else:
         raise UserError(f"unknown stage {name!r}; choose one of {STAGES}")

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NEEDLE = "needle-7f3a"
 HOSTILE = "<script>document.body.setAttribute('data-pwned','1')</script> I will look."
 HOSTILE_OBS = "<img src=x onerror=alert(1)>"
+WEAK = "builtin__stack-1"  # its record stores a surviving wrong fix (envs.strength)
 
 
 def _jaxswe(*args, timeout=300):
@@ -36,8 +38,9 @@ def _jaxswe(*args, timeout=300):
 
 def _swe_episodes():
     """Two graded episodes: the gold fix typed as commands (resolved), and a hostile reply whose
-    command echoes markup and the search needle (failed)."""
-    tasks = load_tasks("builtin")[:2]
+    command echoes markup and the search needle (failed) on a task whose tests accept a wrong fix."""
+    builtin = load_tasks("builtin")
+    tasks = [builtin[0], next(t for t in builtin if t.instance_id == WEAK)]
     tok = build_tokenizer([t.problem_statement for t in tasks] + [t.patch for t in tasks], 1000)
     submit = command_reply("submit", "Done.")
     gold = [command_reply(c, "Apply the fix.") for c in gold_patch_to_commands(tasks[0].patch)] + [submit]
@@ -64,6 +67,8 @@ def run(tmp_path_factory):
     episodes = _swe_episodes()
     assert [t.resolved for t in episodes] == [True, False], [t.to_json() for t in episodes]
     save_jsonl(root / "eval" / "trajectories" / "eval.jsonl", episodes)
+    eval_config = {**config, "env": {**config["env"], "tasks": "builtin"}}  # as an eval stage writes it
+    (root / "eval" / "config.yaml").write_text(yaml.safe_dump(eval_config))
     out = _jaxswe("inspect", str(root))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(root / "report.html")
@@ -82,6 +87,20 @@ def test_report_holds_stages_curves_turns_tests_and_versions(run):
     assert "policy v3" in html  # the engine's weight version on every sampled token
     assert "iter_0001.jsonl" in html and "iter_0002.jsonl" in html
     assert re.search(r"(\d+ resolved, )?\d+ failed; 24 of 64 episodes shown \(left out: \d+ failed\)", html)
+
+
+def test_report_shows_the_surviving_wrong_fixes_of_the_tasks_it_shows(run):
+    """The eval stage's tasks (its config's env.tasks): each one's test strength, and the diff of
+    each wrong fix its tests accept, escaped and collapsed."""
+    _, episodes, html = run
+    (weak,) = [t for t in load_tasks("builtin") if t.instance_id == WEAK]
+    assert weak.strength is not None and weak.strength < 1.0 and weak.survivors, weak
+    assert f"test strength of the 2 tasks shown: 1 below 1.0 ({WEAK})" in html
+    assert f"<tr><td>{WEAK}</td><td>{weak.strength:.2f}</td><td>{len(weak.survivors)}" in html
+    for fix in weak.survivors:
+        assert f"</summary><pre>{escape(fix['patch'])}</pre></details>" in html
+    assert f"<tr><td>{episodes[0].task_id}</td><td>1.00</td><td>0</td></tr>" in html
+    assert '<details class="patch" open' not in html
 
 
 def test_report_loads_nothing_and_escapes_the_run(run):

@@ -28,8 +28,10 @@ def inspect(
         20000, "--max-chars", metavar="N", min=100, help="characters shown of one message, patch or error"
     ),
 ) -> None:
-    """Write one HTML file (no network loads) of a run: each stage's summary and curves, and its
-    episodes turn by turn, with outcome filters and a turn search; print its path."""
+    """Write one HTML file (no network loads) of a run: each stage's summary and curves, its
+    episodes turn by turn, with outcome filters and a turn search, and the test strength and
+    surviving wrong fixes of the tasks it shows (from the task records its config names); print
+    its path."""
     from jaxswe.errors import UserError
     from jaxswe.run.layout import stage_dirs
     from jaxswe.run.report import load_stage, read_json, render_report

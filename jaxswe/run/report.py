@@ -1,7 +1,8 @@
 """`jaxswe inspect`'s report: one self-contained HTML page of a run's stages (summary, curves, eval
 tables) and decoded episodes, with outcome filters and a turn search.
 
-`load_stage` reads a stage dir; everything else is a pure function from those records to HTML.
+`load_stage` reads a stage dir (and the records of the tasks it shows: their test strength and
+surviving wrong fixes); everything else is a pure function from those records to HTML.
 Every string from the run (model replies above all) goes through `html.escape`; the page loads
 nothing: inline CSS and JS, curves as inline SVG.
 """
@@ -12,12 +13,17 @@ import json
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from jaxswe.agent.commands import Command, UsageError, parse_action
 from jaxswe.agent.trajectory import Trajectory, TrajectoryError, load_jsonl
 from jaxswe.run.metrics import read_rows
 from jaxswe.run.plots import MAIN_CURVES
+
+if TYPE_CHECKING:
+    from envs.tasks import Task
 
 OUTCOMES = ("resolved", "failed", "infra error", "tampered")
 _PASSING = ("PASSED", "XFAIL")
@@ -43,6 +49,8 @@ class Stage:
     evals: dict[str, dict[str, Any]]  # eval.json / final_eval.json: name -> report
     files: list[TrajectoryFile]
     files_total: int = 0
+    tasks: dict[str, Task] = field(default_factory=dict)  # records of the tasks shown (env.tasks)
+    tasks_error: str | None = None  # why the task records could not be read
 
 
 # ------------------------------------------------------------------------------------- reading
@@ -97,9 +105,34 @@ def read_json(path: Path) -> Any:
         return None
 
 
+def read_task_records(stage_dir: Path, task_ids: set[str]) -> tuple[dict[str, Task], str | None]:
+    """The records of `task_ids` from the task files the stage's config.yaml names (else its run
+    dir's): env.tasks and env.eval_tasks; and why they could not be read (None when they could)."""
+    from envs import load_tasks
+    from envs.errors import EnvError
+
+    config = None
+    for path in (stage_dir / "config.yaml", stage_dir.parent / "config.yaml"):
+        try:
+            config = yaml.safe_load(path.read_text())
+            break
+        except (OSError, yaml.YAMLError):
+            continue
+    env = config.get("env") if isinstance(config, dict) else None
+    env = env if isinstance(env, dict) else {}
+    sources = [s for s in (env.get("tasks"), env.get("eval_tasks")) if isinstance(s, str) and s != "toy"]
+    found: dict[str, Task] = {}
+    for source in dict.fromkeys(sources) if task_ids else ():
+        try:
+            found.update({t.instance_id: t for t in load_tasks(source) if t.instance_id in task_ids})
+        except (OSError, EnvError) as err:
+            return found, f"task records of {source} not read: {err}"
+    return found, None
+
+
 def load_stage(stage_dir: Path, *, episodes: int, files: int) -> Stage:
-    """A stage dir's summary, metrics rows, eval reports and trajectory files (`files` of them spread
-    over the run, `episodes` episodes each)."""
+    """A stage dir's summary, metrics rows, eval reports, trajectory files (`files` of them spread
+    over the run, `episodes` episodes each) and the records of the tasks they show."""
     stage_dir = Path(stage_dir)
     # summary.json when the stage finished, else an interrupted one's (jaxswe.stages.stage_io)
     summary = read_json(stage_dir / "summary.json") or read_json(stage_dir / "summary_partial.json")
@@ -109,15 +142,20 @@ def load_stage(stage_dir: Path, *, episodes: int, files: int) -> Stage:
         if isinstance(report, dict):
             evals[name] = report
     paths = sorted((stage_dir / "trajectories").glob("*.jsonl"))
-    shown = [paths[i] for i in pick_spread(len(paths), files)]
+    shown = [read_trajectory_file(paths[i], episodes) for i in pick_spread(len(paths), files)]
+    task_ids = {t.task_id for f in shown for t in f.episodes}
+    task_ids |= {t for r in evals.values() if isinstance(r.get("per_task"), dict) for t in r["per_task"]}
+    tasks, tasks_error = read_task_records(stage_dir, task_ids)
     return Stage(
         name=(summary or {}).get("name") or stage_dir.name,
         path=str(stage_dir),
         summary=summary if isinstance(summary, dict) else None,
         rows=read_rows(stage_dir / "metrics.jsonl"),
         evals=evals,
-        files=[read_trajectory_file(p, episodes) for p in shown],
+        files=shown,
         files_total=len(paths),
+        tasks=tasks,
+        tasks_error=tasks_error,
     )
 
 
@@ -218,6 +256,34 @@ def eval_html(name: str, report: dict[str, Any]) -> str:
     return (
         f'<details class="eval"><summary>{escape(head)}</summary><table class="grid">'
         f"<tr><th>task</th><th>resolved</th><th>rate</th></tr>{rows}</table></details>"
+    )
+
+
+def survivor_html(fix: dict[str, str], max_chars: int) -> str:
+    """One surviving wrong fix, collapsed: what it changes and where, then its diff."""
+    what = f"{fix.get('kind', '')}: {fix.get('change', '')} ({fix.get('where', '')})"
+    diff = escape(clip(fix.get("patch", ""), max_chars))
+    return f'<details class="patch"><summary>{escape(what)}</summary><pre>{diff}</pre></details>'
+
+
+def strength_html(tasks: dict[str, Task], max_chars: int) -> str:
+    """The test strength of the tasks shown and, collapsed, each surviving wrong fix's diff (a fix
+    derived from gold that the task's tests accept; envs.strength)."""
+    if not tasks:
+        return ""
+    rows = []
+    for task_id, task in sorted(tasks.items()):
+        figure = "not measured" if task.strength is None else f"{task.strength:.2f}"
+        fixes = "".join(survivor_html(s, max_chars) for s in task.survivors)
+        rows.append(
+            f"<tr><td>{escape(task_id)}</td><td>{figure}</td><td>{len(task.survivors)}{fixes}</td></tr>"
+        )
+    weak = [t for t, task in sorted(tasks.items()) if task.strength is not None and task.strength < 1.0]
+    head = f"test strength of the {len(tasks)} tasks shown: {len(weak)} below 1.0"
+    head += f" ({', '.join(weak)})" if weak else ""
+    return (
+        f'<details class="strength"><summary>{escape(head)}</summary><table class="grid"><tr><th>task</th>'
+        f"<th>test strength</th><th>surviving wrong fixes</th></tr>{''.join(rows)}</table></details>"
     )
 
 
@@ -340,6 +406,9 @@ def stage_html(stage: Stage, max_chars: int) -> str:
         table_html(list(stage.summary.items())) if stage.summary else "<p>no summary.json (not finished)</p>"
     )
     evals = "".join(eval_html(n, r) for n, r in stage.evals.items())
+    if stage.tasks_error is not None:
+        evals += f'<p class="flag">{escape(stage.tasks_error)}</p>'
+    evals += strength_html(stage.tasks, max_chars)
     files_note = ""
     if len(stage.files) < stage.files_total:
         files_note = (

@@ -57,6 +57,10 @@ def test_demo_pipeline_shrunk(tmp_path, capsys):
     for stage in ("warmstart", "rft", "rl", "eval"):
         assert f"jaxswe: == {stage} " in err and f"jaxswe: == {stage} done in " in err
     assert err.count("pass@1 ") >= 4 and "rl - rft pass@1: " in err
+    # both demo tasks' tests accept a wrong fix (their records store it): the eval stage says so
+    strength = json.loads((run_dir / "eval" / "summary.json").read_text())["task_strength"]
+    assert strength["below_1"] == {"builtin__roman-1": 0.5, "builtin__stack-1": 0.5}, strength
+    assert "test strength mean 0.50, 2 of 2 measured tasks below 1.0" in err
     for stage in ("warmstart", "rft", "rl", "eval"):
         d = run_dir / stage
         for name in ("config.yaml", "metrics.jsonl", "summary.json", "model.json"):

@@ -2,6 +2,7 @@
 built-in tasks through SWEEnv and the agent loop), its escaping, and what a headless chromium renders."""
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -101,6 +102,20 @@ def test_report_shows_the_surviving_wrong_fixes_of_the_tasks_it_shows(run):
         assert f"</summary><pre>{escape(fix['patch'])}</pre></details>" in html
     assert f"<tr><td>{episodes[0].task_id}</td><td>1.00</td><td>0</td></tr>" in html
     assert '<details class="patch" open' not in html
+
+
+def test_unreadable_task_records_are_named_in_the_report(tmp_path):
+    """A stage whose config names a task file that is gone: the report says so and shows the rest."""
+    from jaxswe.run.report import load_stage, stage_html
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"env": {"tasks": str(tmp_path / "gone.jsonl")}}))
+    report = {"pass_at_1": 0.5, "per_task": {"a": {"samples": 2, "successes": 1}}}
+    (tmp_path / "eval.json").write_text(json.dumps(report))
+    stage = load_stage(tmp_path, episodes=1, files=1)
+    assert stage.tasks == {} and stage.tasks_error is not None
+    page = stage_html(stage, 100)
+    assert f'<p class="flag">task records of {tmp_path / "gone.jsonl"} not read: task file ' in page
+    assert "eval.json: pass@1 0.5 over 1 tasks" in page
 
 
 def test_report_loads_nothing_and_escapes_the_run(run):

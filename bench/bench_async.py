@@ -43,9 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from jaxswe.config import load_config  # noqa: E402
-from jaxswe.rl.loop import run_rl  # noqa: E402
 from jaxswe.run.metrics import read_rows  # noqa: E402
 from jaxswe.stages.context import open_stage  # noqa: E402
+from jaxswe.stages.rl import run_rl  # noqa: E402
 
 CONFIG = ROOT / "configs" / "toy-rl.yaml"
 

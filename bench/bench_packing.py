@@ -3,7 +3,7 @@
     python bench/bench_packing.py [--steps 400] [--seed 0]
 
 For two shipped stages, many random optimizer steps of `rl.trajectories_per_step` trajectories are
-packed first-fit-decreasing into `rl.seq_len` rows (`jaxswe.data.packing.first_fit_decreasing`);
+packed first-fit-decreasing into `rl.seq_len` rows (`jaxswe.packing.first_fit_decreasing`);
 the row count is then rounded by each rule to a multiple of the trainer's row multiple
 (`optimizer.micro_batch_rows` x the data x fsdp row shards). Per rule: the real-token fraction
 (real tokens / (rows x seq_len)), its two factors (packing: real tokens / (packed rows x seq_len);
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from jaxswe.data.packing import bucket_rows, first_fit_decreasing
+from jaxswe.packing import bucket_rows, first_fit_decreasing
 
 ROOT = Path(__file__).resolve().parent.parent
 RATIOS = (1.0, 1.05, 1.1, 1.25)

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 from envs.errors import TaskError
-from envs.repos import cache_dir, git
+from envs.host_git import cache_dir, git
 
 BUILTIN_DIR = Path(__file__).parent / "tasks" / "builtin"
 _FIXED_DATE = "2025-01-01T00:00:00+0000"

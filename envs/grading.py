@@ -62,6 +62,7 @@ from typing import Any
 from envs.backends import open_sandbox
 from envs.canaries import STYLES, Canary, plant, wrong
 from envs.errors import EngineError, SandboxError
+from envs.host_git import cache_dir
 from envs.parsers import (
     ERROR,
     FAILED,
@@ -75,7 +76,6 @@ from envs.parsers import (
     status_of,
 )
 from envs.patches import IMPORTABLE_SUFFIXES, PatchError, check_git_sections, is_protected, patch_files
-from envs.repos import cache_dir
 from envs.sandbox import ExecResult, Sandbox
 from envs.tasks import Task
 from envs.twins import Twin, added_lines, fit, make_twins, twin_patch

@@ -44,9 +44,9 @@ from typing import Any
 
 from envs.errors import EnvError, TaskError
 from envs.grading import grade
+from envs.host_git import git
 from envs.parsers import PASSING
 from envs.patches import is_test_path, patch_files
-from envs.repos import git
 from envs.tasks import Task, task_from_record
 from envs.validate import static_reject, validate_task, with_validation
 

@@ -1,7 +1,7 @@
 """Unified diffs: which files a patch touches (git's own parser) and which of them the agent may not change.
 
 Grading never splits a patch by hand: the paths come from `git apply --numstat -z` (here, run in
-a fresh empty directory with none of the caller's GIT_* variables, envs.repos.git_outside, so the
+a fresh empty directory with none of the caller's GIT_* variables, envs.host_git.git_outside, so the
 caller's working directory never filters them) or from the index after `git apply --index`
 (envs.grading), so the file list and what gets applied come from the same parser. Protected paths
 (changes there are reset to the base state before grading):
@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import PurePosixPath
 
-from envs.repos import git_outside
+from envs.host_git import git_outside
 
 _TEST_NAMES = ("test_*.py", "*_test.py", "conftest.py")
 RUNNER_CONFIGS = ("pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini")

@@ -45,8 +45,9 @@ from typing import Any
 
 from envs.errors import EnvError
 from envs.grading import grade
+from envs.host_git import git, host_env
 from envs.patches import is_test_path, patch_files
-from envs.repos import clean_template, git, host_env
+from envs.repos import clean_template
 from envs.tasks import Task
 from envs.twins import added_lines
 

@@ -16,7 +16,7 @@ prefix read-only with the venv (`venv_binds`). A recipe whose Python runs nowher
 names every place tried), a conda environment.yml or `pre_install` steps (system commands) is
 refused with the reason (`Task.recipe_problem`: the docker backend runs the last). A failed build is
 cached with pip's real error line (`<key>.failed`) and raised again without a rebuild. The build
-runs with none of the caller's GIT_* variables (envs.repos.host_env), so an install that asks git
+runs with none of the caller's GIT_* variables (envs.host_git.host_env), so an install that asks git
 for the version (setuptools-scm) reads the clean copy, not the caller's repository.
 """
 
@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Any
 
 from envs import official
 from envs.errors import SandboxError
+from envs.host_git import cache_dir, git, host_env
 from envs.patches import patch_files
-from envs.repos import cache_dir, git, host_env, task_source
+from envs.repos import task_source
 
 if TYPE_CHECKING:
     from envs.tasks import Task

@@ -18,8 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from jaxswe.data.packing import ROW_BUCKET_RATIO
 from jaxswe.errors import UserError
+from jaxswe.packing import ROW_BUCKET_RATIO
 
 
 class ConfigError(UserError):
@@ -293,7 +293,7 @@ class RLSection(Section):
     bias_alarm_stop: bool = True
     seq_len: int = Field(65536, gt=0)  # packed row length of the RL train step (tokens)
     rows_per_step: int | None = Field(None, gt=0)  # fixed [rows, seq_len] per optimizer step (one compile)
-    # without rows_per_step: rows padded up the ladder of this ratio (jaxswe.data.packing.bucket_rows)
+    # without rows_per_step: rows padded up the ladder of this ratio (jaxswe.packing.bucket_rows)
     row_bucket_ratio: float = Field(ROW_BUCKET_RATIO, ge=1)
 
     @property

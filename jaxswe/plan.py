@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from jaxswe.config import RunConfig
-from jaxswe.data.packing import batch_bytes_per_token, step_fields
 from jaxswe.errors import UserError
 from jaxswe.losses import LossSettings
 from jaxswe.model.config import PRESETS as MODEL_PRESETS
 from jaxswe.model.config import ModelConfigError, Qwen2Config, get_preset
 from jaxswe.model.hf_io import read_hf_config
+from jaxswe.packing import batch_bytes_per_token, step_fields
 from sharding import ShardingError
 from sharding.mesh import resolve_axis_sizes
 from sharding.planner import Plan, PlanInput, plan

@@ -26,7 +26,7 @@ from jaxswe.model.hf_io import load_hf, read_hf_config
 from jaxswe.model.orbax_io import PARAMS_DIR, load_params_orbax
 from jaxswe.model.params import init_params
 from jaxswe.run.checkpoint import Checkpoints, find_checkpoint_dir
-from jaxswe.stages.stage_io import read_json, write_json
+from jaxswe.run.files import read_json, write_json
 from jaxswe.train.state import abstract_params
 from jaxswe.train.trainer import params_placement
 

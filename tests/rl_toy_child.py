@@ -20,12 +20,12 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 from rl_toy_helpers import toy_config, toy_env_factory, toy_policy  # noqa: E402
 
-from jaxswe.rl.loop import run_rl  # noqa: E402
+from jaxswe.rollout.backends import EmbeddedBackend  # noqa: E402
 from jaxswe.rollout.engine import EmbeddedEngine  # noqa: E402
 from jaxswe.rollout.sampler import Sampler  # noqa: E402
 from jaxswe.run import checkpoint as ckpt_mod  # noqa: E402
 from jaxswe.stages.context import StageContext  # noqa: E402
-from jaxswe.stages.rollouts import EmbeddedBackend  # noqa: E402
+from jaxswe.stages.rl import run_rl  # noqa: E402
 
 
 def main() -> None:

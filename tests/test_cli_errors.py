@@ -54,8 +54,8 @@ def test_bad_input_one_line(tmp_path, config, capsys, command, overrides, expect
 
 def test_rl_refuses_existing_checkpoints_without_resume(tmp_path, capsys):
     from jaxswe.config import config_from_dict
-    from jaxswe.rl.loop import run_rl
     from jaxswe.stages.context import StageContext
+    from jaxswe.stages.rl import run_rl
 
     (tmp_path / "checkpoints" / "1").mkdir(parents=True)
     (tmp_path / "checkpoints" / "1" / "_CHECKPOINT_METADATA").write_text(json.dumps({}))

@@ -20,8 +20,8 @@ from jaxswe.agent.demos import command_reply, gold_patch_to_commands
 from jaxswe.agent.loop import run_episodes
 from jaxswe.agent.swe_env import SWEEnv
 from jaxswe.agent.trajectory import Trajectory, save_jsonl
+from jaxswe.cli.report import curves_html, episode_html, outcome, pick_episodes, pick_spread, svg_curve
 from jaxswe.rollout.types import SamplingParams
-from jaxswe.run.report import curves_html, episode_html, outcome, pick_episodes, pick_spread, svg_curve
 from jaxswe.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ def test_report_shows_the_surviving_wrong_fixes_of_the_tasks_it_shows(run):
 
 def test_unreadable_task_records_are_named_in_the_report(tmp_path):
     """A stage whose config names a task file that is gone: the report says so and shows the rest."""
-    from jaxswe.run.report import load_stage, stage_html
+    from jaxswe.cli.report import load_stage, stage_html
 
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"env": {"tasks": str(tmp_path / "gone.jsonl")}}))
     report = {"pass_at_1": 0.5, "per_task": {"a": {"samples": 2, "successes": 1}}}
@@ -238,8 +238,8 @@ def test_curves_are_labelled_with_the_real_range():
 
 def test_an_interrupted_stage_shows_its_partial_summary(tmp_path):
     """A stage stopped by Ctrl-C has summary_partial.json, not summary.json: the report shows it."""
+    from jaxswe.cli.report import load_stage
     from jaxswe.run.metrics import MetricsLogger
-    from jaxswe.run.report import load_stage
     from jaxswe.stages.stage_io import write_partial_summary
 
     metrics = MetricsLogger(tmp_path, start_step=1)

@@ -180,8 +180,8 @@ def test_rl_trainer_takes_the_warmup_and_the_negative_weight():
     """The RL stage's Trainer: rl.warmup_steps sets its lr schedule (0, lr/2, lr over 2 steps) and
     rl.negative_weight 0 reaches the jitted loss (failures only: loss and gradient exactly 0,
     where DAPO's would push every token down)."""
-    from jaxswe.data.packing import Sequence, pack_sequences
     from jaxswe.model import get_preset, init_params
+    from jaxswe.packing import Sequence, pack_sequences
     from jaxswe.policy import Policy
     from jaxswe.rl.loop import rl_trainer
 

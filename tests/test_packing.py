@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxswe.data.packing import (
+from jaxswe.packing import (
     ROW_BUCKET_RATIO,
     Sequence,
     bucket_rows,

@@ -62,8 +62,8 @@ def test_rl_trainer_holds_the_only_params_copy(tmp_path):
     ctx = _open(cfg, tmp_path / "rl")
     params = device_bytes(ctx.policy.params)
     sampler = device_bytes(ensure_backend(ctx).engine.sampler.params)  # the embedded engine's own
-    ctx.trainer = rl_trainer(cfg, ctx.policy)
-    state = device_bytes(ctx.trainer.state())
+    trainer = rl_trainer(cfg, ctx.policy)
+    state = device_bytes(trainer.state())
     extra = live_bytes() - before - state - sampler
     print(f"RL: params {params} B, trainer state {state} B, sampler {sampler} B, live beyond both {extra} B")
     assert sampler <= params and state >= 3 * params and abs(extra) < 0.01 * params  # was extra == params

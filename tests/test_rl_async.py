@@ -109,13 +109,13 @@ def test_weight_update_mid_episode_versions_and_importance_weights(tmp_path):
     The trainer (policy B, version 1) gives them truncated importance weights min(pB/pA, cap)
     and exactly 1 respectively, through packing and the jitted loss's `off_policy_weights`."""
     from jaxswe.agent.loop import run_episode
-    from jaxswe.data.packing import pack_sequences
     from jaxswe.losses import off_policy_weights
     from jaxswe.model import token_logprobs
+    from jaxswe.packing import pack_sequences
+    from jaxswe.rollout.backends import EmbeddedBackend
     from jaxswe.rollout.engine import EmbeddedEngine
     from jaxswe.rollout.sampler import Sampler
     from jaxswe.rollout.types import SamplingParams
-    from jaxswe.stages.rollouts import EmbeddedBackend
 
     policy_a, tok = toy_policy(tmp_path / "a", 2, seed=0)
     policy_b, _ = toy_policy(tmp_path / "b", 2, seed=1)
@@ -241,7 +241,7 @@ def test_the_trainer_takes_the_first_drawn_of_the_finished_groups():
 
     pump = object.__new__(RolloutPump)  # its bookkeeping alone: capacity 0 starts no groups
     pump.capacity, pump.outstanding, pump.taken, pump.error, pump.finished = 0, 3, 0, None, {}
-    pump.ctx = types.SimpleNamespace(cfg=None)
+    pump.rl_run = types.SimpleNamespace(cfg=None)
 
     async def takes() -> list[str]:
         pump.changed = asyncio.Event()
@@ -275,7 +275,7 @@ def test_a_take_trains_its_groups_in_draw_order_whatever_finished_first():
     cfg = load_config(ROOT / "configs" / "toy-rl.yaml", ["rl.problems_per_iteration=2", "rl.max_staleness=1"])
     pump = object.__new__(RolloutPump)  # capacity 0 starts no groups
     pump.capacity, pump.outstanding, pump.taken, pump.error, pump.finished = 0, 2, 0, None, {}
-    pump.ctx, pump.order = types.SimpleNamespace(cfg=cfg, backend=types.SimpleNamespace(engine=None)), None
+    pump.rl_run, pump.order = types.SimpleNamespace(cfg=cfg, backend=types.SimpleNamespace(engine=None)), None
 
     def group(task: str):  # one win, one loss: informative
         return [_episode(task, [-1, 0], won, logprobs=[0.0, -0.5]) for won in (True, False)]
@@ -304,7 +304,7 @@ def test_sampling_check_reports_nothing_when_every_token_is_stale():
     """With k > 0 the gap and the bias alarm see only tokens of the trainer's version: when there
     are none the row says so (None, 0 tokens), not a perfect 0.0 gap; with some it measures them."""
     from jaxswe.config import RLSection
-    from jaxswe.data.packing import TokenBatch
+    from jaxswe.packing import TokenBatch
     from jaxswe.rl.train import check_sampling
 
     rng = np.random.default_rng(0)
@@ -335,8 +335,8 @@ def _k1_run(run_dir: Path, *sets: str) -> tuple[list[dict], dict[int, dict], obj
     one device (tests/test_stages_handoff.py says why): its rows, every synced version's weights
     and the model config."""
     from jaxswe.config import load_config
-    from jaxswe.rl.loop import run_rl
     from jaxswe.stages.context import ensure_backend, open_stage
+    from jaxswe.stages.rl import run_rl
 
     cfg = load_config(CONFIG, ["rl.max_staleness=1", "eval.after_stage=false", "mesh.devices=1", *sets])
     ctx = open_stage(cfg, run_dir, init_from=None)

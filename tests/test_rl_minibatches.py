@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from jaxswe.config import RLSection
-from jaxswe.data.packing import Sequence
+from jaxswe.packing import Sequence
 
 
 def _trajectories():

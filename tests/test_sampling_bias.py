@@ -16,12 +16,13 @@ import pytest
 from rl_toy_helpers import toy_config, toy_context, toy_policy
 
 from jaxswe.model import save_hf
-from jaxswe.rl.loop import run_rl
+from jaxswe.rl.loop import rl_checkpoints, rl_trainer, train_rl
 from jaxswe.rollout.bias import BiasAlarm, BiasedSamplingDetected, sampling_bias
 from jaxswe.rollout.engine import EmbeddedEngine
 from jaxswe.rollout.sampler import Sampler
 from jaxswe.rollout.server import RolloutServer
 from jaxswe.rollout.weights import load_model
+from jaxswe.stages.rl import rl_inputs
 from jaxswe.stages.runtime import make_backend
 
 NV = 2
@@ -134,7 +135,7 @@ def _rl(tmp_path, name, policy, tok, server, iterations):
     )
     ctx = toy_context(cfg, tmp_path / name, policy, tok, NV)
     ctx.backend = make_backend(cfg, policy)
-    return ctx, lambda: run_rl(ctx, resume=False)
+    return rl_inputs(ctx, rl_trainer(cfg, policy), rl_checkpoints(ctx.stage_dir, resume=False))
 
 
 @pytest.mark.slow
@@ -142,17 +143,17 @@ def test_server_side_top_k_stops_rl_in_its_first_iteration(tmp_path, capsys):
     policy, tok = _peaked_policy(tmp_path)
     server = ServerThread(ServerSideTopK, policy, tmp_path / "served")
     try:
-        ctx, run = _rl(tmp_path, "biased", policy, tok, server, iterations=3)
         before = jax.device_get(policy.params)
+        rl_run = _rl(tmp_path, "biased", policy, tok, server, iterations=3)
         with pytest.raises(BiasedSamplingDetected, match="rl iteration 1: BIASED SAMPLING") as info:
-            run()
+            train_rl(rl_run, resume=False)
     finally:
         server.stop()
-    after = jax.device_get(ctx.trainer.params)
+    after = jax.device_get(rl_run.trainer.params)
     assert all(
         np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True)
     )
-    assert not (ctx.stage_dir / "checkpoints" / "1").exists()
+    assert not (rl_run.stage_dir / "checkpoints" / "1").exists()
     with capsys.disabled():
         print(f"\n{info.value}")
     gap_kl = float(str(info.value).split("log-prob gap KL is ")[1].split(",")[0])
@@ -164,7 +165,6 @@ def test_unbiased_sampling_does_not_trip_in_20_rounds(tmp_path, capsys):
     """20 rounds of an RL iteration's collection and sampling check (the pump's take, then pack,
     recompute and check: `jaxswe.rl.train.prepare`; no update, so the statistic is the policy's)
     against the unbiased server: no false alarm, and the rollout-trainer gap stays under 1e-4."""
-    from jaxswe.rl.loop import rl_trainer
     from jaxswe.rl.problems import DataOrder
     from jaxswe.rl.pump import RolloutPump
     from jaxswe.rl.train import prepare
@@ -172,13 +172,12 @@ def test_unbiased_sampling_does_not_trip_in_20_rounds(tmp_path, capsys):
     policy, tok = _peaked_policy(tmp_path)
     server = ServerThread(Sampler, policy, tmp_path / "served")
     try:
-        ctx, _ = _rl(tmp_path, "fair", policy, tok, server, iterations=20)
-        ctx.trainer = rl_trainer(ctx.cfg, ctx.policy)
-        pump = RolloutPump(ctx, DataOrder())  # the server holds the policy's weights: no sync
+        rl_run = _rl(tmp_path, "fair", policy, tok, server, iterations=20)
+        pump = RolloutPump(rl_run, DataOrder())  # the server holds the policy's weights: no sync
         with asyncio.Runner() as runner:
-            rows = [prepare(ctx, runner.run(pump.take(step))[0], step)[2] for step in range(1, 21)]
+            rows = [prepare(rl_run, runner.run(pump.take(step))[0], step)[2] for step in range(1, 21)]
             runner.run(pump.stop())
-            runner.run(ctx.backend.close())
+            runner.run(rl_run.backend.close())
     finally:
         server.stop()
     assert len(rows) == 20 and all(r["sampling_bias_tokens"] > 0 for r in rows)

@@ -4,9 +4,9 @@ import jax
 import numpy as np
 
 from jaxswe.config import OptimizerSection, SFTSection
-from jaxswe.data.packing import Sequence
 from jaxswe.model.config import get_preset
 from jaxswe.model.params import init_params
+from jaxswe.packing import Sequence
 from jaxswe.run.metrics import MetricsLogger, read_rows
 from jaxswe.stages.sft import num_sft_steps, run_sft
 from jaxswe.train.trainer import Trainer

@@ -11,11 +11,10 @@ from rl_toy_helpers import toy_config, toy_context, toy_policy
 from jaxswe.agent.trajectory import load_jsonl
 from jaxswe.model import token_logprobs
 from jaxswe.policy import load_policy
-from jaxswe.rl.loop import run_rl
-from jaxswe.rl.problems import filter_by_history
+from jaxswe.rl.problems import filter_by_history, load_history
 from jaxswe.run.metrics import read_rows
 from jaxswe.stages.rft import run_rft
-from jaxswe.stages.stage_io import load_history
+from jaxswe.stages.rl import run_rl
 
 NV = 2
 

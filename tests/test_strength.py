@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -127,14 +126,12 @@ def test_rl_drops_weak_tasks_by_stored_strength(measured, tmp_path, capsys):
     )
     ids = [t.instance_id for t, _ in measured.values()]
     cfg = config_from_dict({"env": {"tasks": str(records)}, "rl": {"min_strength": 0.5}})
-    ctx = SimpleNamespace(cfg=cfg, task_ids=ids)
-    counts = drop_weak_tasks(ctx)
-    assert ctx.task_ids == [STRONG] and counts["dropped"] == ["weak__mean"], counts
+    pool, counts = drop_weak_tasks(cfg, ids)
+    assert pool == [STRONG] and counts["dropped"] == ["weak__mean"], counts
     assert counts["mean_strength"] == counts["lowest_strength"] == 1.0 and counts["below_1"] == {}, counts
     assert "task strength filter" in capsys.readouterr().err
-    ctx.task_ids = ["weak__mean"]
     with pytest.raises(UserError, match="leaves no task to train on"):
-        drop_weak_tasks(ctx)
+        drop_weak_tasks(cfg, ["weak__mean"])
 
 
 def test_summaries_report_the_strength_of_the_tasks_used():

@@ -15,7 +15,7 @@ import pytest
 from envs.backends import open_sandbox
 from envs.errors import SandboxError
 from envs.grading import grade
-from envs.repos import cache_dir
+from envs.host_git import cache_dir
 from envs.tasks import task_from_record
 from envs.venvs import task_venv, venv_key
 

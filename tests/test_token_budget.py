@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from jaxswe.config import OptimizerSection
-from jaxswe.data.packing import Sequence, TokenBatch, pack_sequences, pad_rows
 from jaxswe.model.config import get_preset
 from jaxswe.model.params import init_params
+from jaxswe.packing import Sequence, TokenBatch, pack_sequences, pad_rows
 from jaxswe.train.trainer import Trainer
 
 SEQ_LEN = 256

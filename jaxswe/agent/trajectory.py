@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxswe.data.packing import Sequence
 from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
+from jaxswe.packing import Sequence
 
 ENDED_BY = ("submitted", "max_turns", "context", "error")
 _PLACEHOLDER = "\u2063JAXSWE_SLOT\u2063"

@@ -1,4 +1,4 @@
-"""`jaxswe inspect`: a run as one self-contained HTML report (jaxswe.run.report)."""
+"""`jaxswe inspect`: a run as one self-contained HTML report (jaxswe.cli.report)."""
 
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ def inspect(
     episodes turn by turn, with outcome filters and a turn search, and the test strength and
     surviving wrong fixes of the tasks it shows (from the task records its config names); print
     its path."""
+    from jaxswe.cli.report import load_stage, read_json, render_report
     from jaxswe.errors import UserError
     from jaxswe.run.layout import stage_dirs
-    from jaxswe.run.report import load_stage, read_json, render_report
 
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: not a directory (expected a run dir or a stage dir)")

@@ -20,6 +20,7 @@ import asyncio
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,18 +31,18 @@ from jaxswe.distributed import broadcast, is_main
 from jaxswe.errors import UserError
 from jaxswe.losses import LossSettings
 from jaxswe.policy import Policy
-from jaxswe.rl.problems import DataOrder, History, filter_by_history, record_outcomes
+from jaxswe.rl.inputs import RLRun
+from jaxswe.rl.problems import DataOrder, History, filter_by_history, load_history, record_outcomes
 from jaxswe.rl.pump import Collected, RolloutPump
 from jaxswe.rl.rewards import advantage_stats
 from jaxswe.rl.strength import strength_pool
 from jaxswe.rl.train import StepsWarning, prepare, update_metrics
 from jaxswe.run import loops
 from jaxswe.run.checkpoint import Checkpoints
+from jaxswe.run.files import write_json
 from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger, read_rows
 from jaxswe.run.progress import Progress
-from jaxswe.stages.context import StageContext, ensure_backend, finish_stage
-from jaxswe.stages.stage_io import load_history, write_json
 from jaxswe.train.trainer import Trainer
 
 
@@ -80,9 +81,8 @@ def _episode_stats(episodes: list[Trajectory]) -> dict[str, float]:
 
 
 async def rl_iteration(
-    ctx: StageContext,
+    rl_run: RLRun,
     pump: RolloutPump,
-    ckpts: Checkpoints,
     metrics: MetricsLogger,
     history: History,
     step: int,
@@ -91,24 +91,26 @@ async def rl_iteration(
     t_iter = time.perf_counter()
     c, order = await pump.take(step)  # take: judged groups
     t0 = time.perf_counter()
-    steps, dists, train = await asyncio.to_thread(prepare, ctx, c, step)  # pack -> recompute -> check
+    steps, dists, train = await asyncio.to_thread(prepare, rl_run, c, step)  # pack -> recompute -> check
     t1 = time.perf_counter()
-    step_metrics = [await asyncio.to_thread(ctx.trainer.dapo_update, batch) for batch in steps]  # update
+    step_metrics = [await asyncio.to_thread(rl_run.trainer.dapo_update, batch) for batch in steps]  # update
     train.update(update_metrics(steps, dists, step_metrics, time.perf_counter() - t1))
     c.timings["time_train_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    await ctx.backend.sync_weights(ctx.trainer.params, ctx.stage_dir / "weights", version=step)
+    await rl_run.backend.sync_weights(rl_run.trainer.params, rl_run.stage_dir / "weights", version=step)
     c.timings["time_weight_sync_s"] = time.perf_counter() - t0
     history = record_outcomes(
         history, [(g[0].task_id, [e.resolved for e in g if e.infra_error is None]) for g in c.groups]
     )
     row = {**iteration_row(c, train), "time_iteration_s": time.perf_counter() - t_iter}
-    save_jsonl(ctx.stage_dir / "trajectories" / f"iter_{step:04d}.jsonl", episode_records(c))
-    meta = {"iteration": step, "seed": ctx.cfg.seed, "data_order": order.to_json(), "history": history,
+    save_jsonl(rl_run.stage_dir / "trajectories" / f"iter_{step:04d}.jsonl", episode_records(c))
+    meta = {"iteration": step, "seed": rl_run.cfg.seed, "data_order": order.to_json(), "history": history,
             "metrics_row": row}  # fmt: skip
-    if step % ctx.cfg.rl.checkpoint_every == 0 or step == ctx.cfg.rl.iterations:
-        ckpts.save(step, ctx.trainer.state(), meta, wait=False)  # commits while the next iteration runs
-    write_json(ctx.stage_dir / "history.json", history)
+    if step % rl_run.cfg.rl.checkpoint_every == 0 or step == rl_run.cfg.rl.iterations:
+        rl_run.checkpoints.save(
+            step, rl_run.trainer.state(), meta, wait=False
+        )  # commits while the next iteration runs
+    write_json(rl_run.stage_dir / "history.json", history)
     metrics.log(step, row)
     return row, history
 
@@ -147,45 +149,45 @@ def episode_records(c: Collected) -> list[Trajectory]:
     return out
 
 
-def filter_tasks(ctx: StageContext, history_from: str | None) -> dict[str, int] | None:
-    """RL stage 2's task filter (rl.task_filter solved_fraction): narrow `ctx.task_ids` by the
-    success history of `history_from` (a stage-1 RL dir); returns the filter's counts."""
-    rl = ctx.cfg.rl
+def filter_tasks(
+    cfg: RunConfig, stage_dir: Path, task_ids: list[str], history_from: str | None
+) -> tuple[list[str], dict[str, int] | None]:
+    """RL stage 2's task filter (rl.task_filter solved_fraction): `task_ids` narrowed by the success
+    history of `history_from` (a stage-1 RL dir), and the filter's counts (None when it is off)."""
+    rl = cfg.rl
     if rl.task_filter != "solved_fraction":
-        return None
+        return task_ids, None
     if not history_from:
         raise UserError(
             "rl.task_filter solved_fraction needs rl.history_from (or init_from): a stage-1 RL dir"
         )
     pool, counts = filter_by_history(
-        list(ctx.task_ids),
+        list(task_ids),
         load_history(history_from),
         drop_solved_fraction=rl.drop_solved_fraction,
         drop_never_solved=rl.drop_never_solved,
     )
     print(f"jaxswe rl: task filter from {history_from}: {counts}", file=sys.stderr)
-    write_json(ctx.stage_dir / "task_filter.json", {**counts, "source": str(history_from), "pool": pool})
+    write_json(stage_dir / "task_filter.json", {**counts, "source": str(history_from), "pool": pool})
     if not pool:
         raise UserError(f"the task filter from {history_from} leaves no task to train on")
-    ctx.task_ids = pool
-    return counts
+    return pool, counts
 
 
-def drop_weak_tasks(ctx: StageContext) -> dict[str, Any] | None:
-    """rl.min_strength: narrow `ctx.task_ids` to the tasks whose stored test strength is at least it
-    (jaxswe.rl.strength); returns the counts for the summary."""
-    min_strength = ctx.cfg.rl.min_strength
+def drop_weak_tasks(cfg: RunConfig, task_ids: list[str]) -> tuple[list[str], dict[str, Any] | None]:
+    """rl.min_strength: `task_ids` narrowed to the tasks whose stored test strength is at least it
+    (jaxswe.rl.strength), and the counts for the summary (None when it is off)."""
+    min_strength = cfg.rl.min_strength
     if min_strength is None:
-        return None
+        return task_ids, None
     from envs import load_tasks
 
-    tasks = [] if ctx.cfg.env.tasks == "toy" else load_tasks(ctx.cfg.env.tasks)
-    pool, counts = strength_pool(list(ctx.task_ids), {t.instance_id: t.strength for t in tasks}, min_strength)
+    tasks = [] if cfg.env.tasks == "toy" else load_tasks(cfg.env.tasks)
+    pool, counts = strength_pool(list(task_ids), {t.instance_id: t.strength for t in tasks}, min_strength)
     print(f"jaxswe rl: task strength filter: {counts}", file=sys.stderr)
     if not pool:
         raise UserError(f"rl.min_strength {min_strength} leaves no task to train on")
-    ctx.task_ids = pool
-    return counts
+    return pool, counts
 
 
 def iteration_line(step: int, iterations: int, row: dict[str, Any]) -> str:
@@ -202,9 +204,17 @@ def iteration_line(step: int, iterations: int, row: dict[str, Any]) -> str:
     )
 
 
-def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) -> dict[str, Any]:
-    """Run (or resume) the configured number of iterations in an opened stage (its tasks filtered
-    by `filter_tasks`); return the stage summary (written by `finish_stage`).
+def rl_checkpoints(stage_dir: Path, *, resume: bool) -> Checkpoints:
+    """The RL checkpoints of a stage dir; one that holds some already needs `resume`."""
+    ckpts = Checkpoints(stage_dir / "checkpoints", max_to_keep=2)
+    if ckpts.steps() and not resume:
+        raise UserError(f"{stage_dir}: holds RL checkpoints already; pass --resume or use a new --run-dir")
+    return ckpts
+
+
+def train_rl(rl_run: RLRun, *, resume: bool) -> dict[str, Any]:
+    """Run (or resume) the configured number of iterations; return the stage summary so far (the
+    RL stage adds its task filters' counts, evaluates and writes it).
 
     Resume at k = 0 is exact: a run killed anywhere and resumed writes the same rows (timings
     aside) and episodes as one never stopped, since every draw follows (run seed, data order,
@@ -214,22 +224,15 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
     that version, where the uninterrupted run's were partly older), and the problems drawn for
     the lost ones are not drawn again before the epoch ends. A row may be written before its
     checkpoint commits: resume drops the rows past the newest committed checkpoint and redoes them."""
-    cfg, stage_dir = ctx.cfg, ctx.stage_dir
-    ckpts = Checkpoints(stage_dir / "checkpoints", max_to_keep=2)
-    if ckpts.steps() and not resume:
-        raise UserError(f"{stage_dir}: holds RL checkpoints already; pass --resume or use a new --run-dir")
-    counts = filter_tasks(ctx, history_from)
-    strength = drop_weak_tasks(ctx)
-    backend = ensure_backend(ctx)  # serves the starting policy, whose params the trainer then takes
-    ctx.trainer = rl_trainer(cfg, ctx.policy)
+    cfg, stage_dir, trainer, ckpts = rl_run.cfg, rl_run.stage_dir, rl_run.trainer, rl_run.checkpoints
     history: History = {}
     order = DataOrder()
     start = 0
     last_row = None
-    restored = ckpts.restore_latest(ctx.trainer.state()) if resume else None
+    restored = ckpts.restore_latest(trainer.state()) if resume else None
     if restored is not None:
         start, items, meta = restored
-        ctx.trainer.load_state(items)
+        trainer.load_state(items)
         history = {k: list(v) for k, v in meta["history"].items()}
         order = DataOrder.from_json(meta["data_order"])
         last_row = meta.get("metrics_row")
@@ -244,18 +247,16 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
         try:
             if start > 0:
                 loops.run_in(
-                    runner, backend.sync_weights(ctx.trainer.params, stage_dir / "weights", version=start)
+                    runner, rl_run.backend.sync_weights(trainer.params, stage_dir / "weights", version=start)
                 )
-            pump = RolloutPump(ctx, order)
+            pump = RolloutPump(rl_run, order)
             # one bar per run, not per process; no periodic lines: the per-iteration lines say it all
             with Progress(
                 "rl", cfg.rl.iterations, unit="iteration", initial=start, enabled=is_main(), lines=False
             ) as progress:
                 too_many_steps = StepsWarning(cfg.rl)
                 for step in range(start + 1, cfg.rl.iterations + 1):
-                    row, history = loops.run_in(
-                        runner, rl_iteration(ctx, pump, ckpts, metrics, history, step)
-                    )
+                    row, history = loops.run_in(runner, rl_iteration(rl_run, pump, metrics, history, step))
                     progress.write(iteration_line(step, cfg.rl.iterations, row))
                     if warning := too_many_steps(row["optimizer_steps"]):
                         progress.write(warning)
@@ -263,12 +264,11 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
         finally:
             if pump is not None:
                 drawn = runner.run(pump.stop())
-            runner.run(backend.release())
+            runner.run(rl_run.backend.release())
     metrics.close()
     ckpts.close()
-    ctx.trainer = None  # the backend serves the trained weights: free the optimizer state before eval
     rows = read_rows(metrics.path)
-    summary = {
+    return {
         "name": "rl",
         "iterations": len(rows),
         "optimizer_steps": sum(r.get("optimizer_steps", 0) for r in rows),
@@ -276,8 +276,3 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
         "checkpoint": str(ckpts.directory),
         **broadcast(drawn),  # this run's: a resumed run counts from its resume
     }
-    if counts is not None:
-        summary["task_filter"] = counts
-    if strength is not None:
-        summary["task_strength"] = strength
-    return finish_stage(ctx, summary)

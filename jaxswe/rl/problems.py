@@ -6,8 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
+
+from jaxswe.errors import UserError
+from jaxswe.run.files import read_json
 
 History = dict[str, list[int]]  # task id -> outcome (1 resolved, 0 not) of every scored attempt
 
@@ -115,3 +119,12 @@ def filter_by_history(
                 continue
         kept.append(task)
     return kept, {"kept": len(kept), "dropped_solved": too_easy, "dropped_never_solved": never}
+
+
+def load_history(path: str | Path) -> History:
+    """The success history saved by an RL run (its dir, stage dir, or history.json)."""
+    path = Path(path)
+    for candidate in (path, path / "history.json", path / "rl" / "history.json"):
+        if candidate.is_file():
+            return {k: [int(x) for x in v] for k, v in read_json(candidate).items()}
+    raise UserError(f"{path}: no success history (history.json) found; is it an RL run dir?")

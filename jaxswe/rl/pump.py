@@ -38,15 +38,15 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxswe.agent.episodes import collect_episodes
 from jaxswe.agent.trajectory import Trajectory
 from jaxswe.config import RunConfig
 from jaxswe.distributed import on_main_async
 from jaxswe.errors import UserError
+from jaxswe.rl.inputs import RLRun
 from jaxswe.rl.problems import DataOrder, next_problems
 from jaxswe.rl.rewards import GroupResult, compute_group_advantages, shaped_rewards
 from jaxswe.rollout.types import derive_seed
-from jaxswe.stages.context import StageContext
-from jaxswe.stages.rollouts import collect_episodes
 
 
 @dataclass
@@ -81,13 +81,13 @@ def judge(
     return compute_group_advantages(rewards, infra, scale_by_std=scale_by_std)
 
 
-def infra_health(ctx: StageContext) -> dict[str, int]:
+def infra_health(rl_run: RLRun) -> dict[str, int]:
     """What is down now: rollout workers left out of weight updates (they do not answer) and
     sandbox engines of the pool that do not answer (0 when there is no pool or no worker list)."""
-    stale = getattr(ctx.backend.engine, "stale", ())
+    stale = getattr(rl_run.backend.engine, "stale", ())
     from envs.engines import default_pool
 
-    pool = default_pool() if ctx.cfg.env.backend == "docker" else None
+    pool = default_pool() if rl_run.cfg.env.backend == "docker" else None
     down = sum(not healthy for _, _, healthy in pool.load().values()) if pool is not None else 0
     return {"rollout_workers_left_out": len(stale), "sandbox_engines_down": down}
 
@@ -186,9 +186,9 @@ class RolloutPump:
     """Groups of episodes, drawn in order and run on the rollout engine; `take` is an iteration's
     collection (see the module doc)."""
 
-    def __init__(self, ctx: StageContext, order: DataOrder):
-        rl = ctx.cfg.rl
-        self.ctx = ctx
+    def __init__(self, rl_run: RLRun, order: DataOrder):
+        rl = rl_run.cfg.rl
+        self.rl_run = rl_run
         self.order = order  # drawn ahead of training: includes the problems of outstanding groups
         self.capacity = rl.max_staleness * rl.problems_per_iteration  # groups sampled ahead
         self.outstanding = 0
@@ -199,7 +199,7 @@ class RolloutPump:
         self.changed = asyncio.Event()
         self.error: BaseException | None = None
         # k = 0 over servers every process reaches: every process runs the pump, driving its share
-        self.spread = rl.max_staleness == 0 and ctx.backend.spread and jax.process_count() > 1
+        self.spread = rl.max_staleness == 0 and rl_run.backend.spread and jax.process_count() > 1
 
     def _fill(self) -> None:
         while self.outstanding < self.capacity:
@@ -207,7 +207,7 @@ class RolloutPump:
 
     def _start(self, count: int) -> None:
         """Draw `count` problems and run their groups as one collection."""
-        problems, seeds, self.order = draw(self.ctx.cfg, self.ctx.task_ids, count, self.order)
+        problems, seeds, self.order = draw(self.rl_run.cfg, self.rl_run.task_ids, count, self.order)
         self.outstanding += len(problems)
         run = self._run(self.drawn, problems, seeds)
         self.drawn += len(problems)
@@ -216,14 +216,14 @@ class RolloutPump:
         task.add_done_callback(self.tasks.discard)
 
     async def _run(self, first: int, problems: list[str], seeds: list[list[int]]) -> None:
-        cfg, g = self.ctx.cfg, self.ctx.cfg.rl.group_size
+        cfg, g = self.rl_run.cfg, self.rl_run.cfg.rl.group_size
         try:
             episodes, _ = await collect_episodes(
                 [p for p in problems for _ in range(g)],
-                self.ctx.make_env,
-                self.ctx.backend.engine,
-                self.ctx.tokenizer,
-                self.ctx.sampling,
+                self.rl_run.make_env,
+                self.rl_run.backend.engine,
+                self.rl_run.tokenizer,
+                self.rl_run.sampling,
                 cfg.agent,
                 concurrency=cfg.env.max_parallel,
                 every_process=False,  # `take` broadcasts the groups it hands the trainer
@@ -261,7 +261,7 @@ class RolloutPump:
     async def _take(self, step: int) -> tuple[Collected, DataOrder]:
         """`take` on process 0 (the others receive its broadcast), or on every process (`spread`)."""
         self._fill()  # the first take starts the k x P groups sampled ahead
-        cfg, rl = self.ctx.cfg, self.ctx.cfg.rl
+        cfg, rl = self.rl_run.cfg, self.rl_run.cfg.rl
         version, k, want = step - 1, rl.max_staleness, rl.problems_per_iteration
         extra_rounds = rl.max_resample_rounds if rl.resample_to_fill else 0
         t0 = time.perf_counter()
@@ -294,7 +294,7 @@ class RolloutPump:
             time_grading_s=sum(e.grading_s for g in groups for e in g),  # summed over parallel episodes
         )
         resampled = rounds - 1 if k == 0 else max(0, -(-len(groups) // want) - 1)
-        health = infra_health(self.ctx)
+        health = infra_health(self.rl_run)
         if k == 0:
             return Collected(groups, rewards, result, kept, resampled, timings, health), self.order
         stats = staleness_stats(groups, kept, version, k, rl.stale_tokens)
@@ -308,5 +308,5 @@ class RolloutPump:
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        g = self.ctx.cfg.rl.group_size
+        g = self.rl_run.cfg.rl.group_size
         return {"episodes_drawn": self.drawn * g, "episodes_not_taken": (self.drawn - self.taken) * g}

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from jaxswe.config import RLSection
-from jaxswe.data.packing import Sequence, TokenBatch, pack_sequences, pad_rows, split_rows
+from jaxswe.packing import Sequence, TokenBatch, pack_sequences, pad_rows, split_rows
+from jaxswe.rl.inputs import RLRun
 from jaxswe.rl.pump import Collected, trains
 from jaxswe.rollout.bias import BiasAlarm, sampling_bias
 from jaxswe.rollout.client import logprob_gap
-from jaxswe.stages.context import StageContext
 from jaxswe.train.trainer import Trainer
 
 
@@ -151,15 +151,13 @@ CORRECTION_METRICS = (
 )
 
 
-def prepare(
-    ctx: StageContext, c: Collected, step: int
-) -> tuple[list[TokenBatch], list[Dist], dict[str, Any]]:
+def prepare(rl_run: RLRun, c: Collected, step: int) -> tuple[list[TokenBatch], list[Dist], dict[str, Any]]:
     """pack -> recompute -> check sampling (over all scored trajectories, before any update: a
     stop leaves the weights untouched): the iteration's optimizer-step batches with the trainer's
     old log-probs, their `Dist`s, and the metrics so far."""
-    rl, trainer = ctx.cfg.rl, ctx.trainer
+    rl, trainer = rl_run.cfg.rl, rl_run.trainer
     seqs, dropped = training_sequences(c, rl.stale_tokens, rl.mask_format_errors)
-    rng = np.random.default_rng([ctx.cfg.seed, step])
+    rng = np.random.default_rng([rl_run.cfg.seed, step])
     steps, truncated = minibatches(seqs, rl, trainer.rows_multiple, rng) if seqs else ([], 0)
     steps, dists = recompute(trainer, steps)
     # a server that truncates must be caught even in an iteration where no group is informative

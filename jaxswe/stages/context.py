@@ -1,33 +1,29 @@
-"""The one run context every stage (warmstart, rft, rl, eval) runs with, and opening/closing it:
-stage dir, starting policy, tokenizer, tasks, environments, rollout backend, RL's trainer."""
+"""The one run context every stage (warmstart, rft, rl, eval) runs with, and opening it:
+stage dir, starting policy, tokenizer, tasks, environments, rollout backend."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from jaxswe.agent.episodes import EnvFactory
 from jaxswe.config import RunConfig
-from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
 from jaxswe.policy import Policy, load_tokenizer, write_model_file
+from jaxswe.rollout.backends import Backend, run_phase
 from jaxswe.rollout.types import SamplingParams
-from jaxswe.run.plots import plot_metrics
-from jaxswe.stages.evaluate import run_eval_stage
-from jaxswe.stages.rollouts import Backend, EnvFactory, run_phase
 from jaxswe.stages.runtime import check_servers, env_factory, load_pool, make_backend, resolve_policy
-from jaxswe.stages.stage_io import PARTIAL_SUMMARY, prepare_stage_dir, write_json
+from jaxswe.stages.stage_io import prepare_stage_dir
 from jaxswe.stages.toy import is_toy, toy_policy, toy_tasks
-from jaxswe.train.trainer import Trainer
 
 
 @dataclass
 class StageContext:
     """What a stage reads while it runs. `backend` opens on first use (`ensure_backend`);
-    `trainer` is RL's (run_rl sets it; the SFT stages keep theirs local, so its optimizer
-    state is freed before the final eval)."""
+    the trainers stay in the stages that build them, so their optimizer state is freed before the
+    final eval."""
 
     cfg: RunConfig
     stage_dir: Path
@@ -38,7 +34,6 @@ class StageContext:
     make_env: EnvFactory
     heldout_ids: list[str] = field(default_factory=list)  # eval.heldout: evaluated, never trained on
     backend: Backend | None = None
-    trainer: Trainer | None = None
 
     @property
     def sampling(self) -> SamplingParams:
@@ -194,30 +189,3 @@ def ensure_backend(ctx: StageContext, params: Any | None = None) -> Backend:
     elif params is not None:
         run_phase(ctx.backend, ctx.backend.sync_weights(params, ctx.stage_dir / "weights", version=version))
     return ctx.backend
-
-
-def finish_stage(ctx: StageContext, summary: dict[str, Any], params: Any | None = None) -> dict[str, Any]:
-    """Optional eval of the final weights, plots, summary.json; closes the backend."""
-    if ctx.cfg.eval.after_stage and summary.get("name") != "eval":
-        ensure_backend(ctx, params)
-        report = run_eval_stage(ctx, name="final_eval")
-        summary["pass_at_1"] = report["pass_at_1"]
-        summary["pass_at_1_ci95"] = report["pass_at_1_ci95"]
-        if ctx.heldout_ids:
-            samples = ctx.cfg.eval.heldout_samples or ctx.cfg.eval.samples_per_task
-            held = run_eval_stage(ctx, name="heldout_eval", ids=ctx.heldout_ids, samples=samples)
-            summary["heldout_pass_at_1"] = held["pass_at_1"]
-            summary["heldout_pass_at_1_ci95"] = held["pass_at_1_ci95"]
-    metrics = ctx.stage_dir / "metrics.jsonl"
-    if is_main() and metrics.exists() and summary.get("name") != "eval":  # eval plots its bars itself
-        plot_metrics(
-            metrics, ctx.stage_dir / "plots" / f"{summary['name']}_curves.png", title=summary["name"]
-        )
-    if ctx.backend is not None:
-        asyncio.run(ctx.backend.close())
-        ctx.backend = None
-    write_json(ctx.stage_dir / "summary.json", summary)
-    if is_main():
-        (ctx.stage_dir / PARTIAL_SUMMARY).unlink(missing_ok=True)  # an interrupted attempt's
-    barrier(f"{summary['name']} finished")  # process 0's plots and files are done before anyone exits
-    return summary

@@ -6,18 +6,19 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from jaxswe.agent.episodes import collect_episodes
 from jaxswe.agent.trajectory import Trajectory, save_jsonl
 from jaxswe.config import RunConfig
 from jaxswe.distributed import is_main
 from jaxswe.rl.strength import strength_summary
+from jaxswe.rollout.backends import run_phase
 from jaxswe.rollout.types import derive_seed
+from jaxswe.run.files import write_json
 from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.plots import plot_eval
 from jaxswe.run.progress import Progress
 from jaxswe.stages.eval_stats import format_table, summarize
-from jaxswe.stages.rollouts import collect_episodes, run_phase
-from jaxswe.stages.stage_io import write_json
 from jaxswe.stages.toy import is_toy
 
 if TYPE_CHECKING:  # the context module imports this one

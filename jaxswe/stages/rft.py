@@ -21,18 +21,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from jaxswe.agent.episodes import collect_episodes
 from jaxswe.agent.trajectory import Trajectory, TrajectoryError
 from jaxswe.config import RunConfig
 from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
 from jaxswe.policy import Policy
+from jaxswe.rollout.backends import run_phase
 from jaxswe.rollout.types import derive_seed
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.progress import Progress
 from jaxswe.stages.context import StageContext, ensure_backend
-from jaxswe.stages.rollouts import collect_episodes, run_phase
 from jaxswe.stages.sft import num_sft_steps, run_sft
 from jaxswe.train.trainer import Trainer
 

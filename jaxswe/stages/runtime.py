@@ -9,11 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from jaxswe.agent.episodes import EnvFactory
 from jaxswe.config import RunConfig
 from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
 from jaxswe.policy import Policy, init_sharded, load_policy, load_tokenizer, model_knobs, stage_model
-from jaxswe.stages.rollouts import Backend, EmbeddedBackend, EnvFactory, HttpBackend
+from jaxswe.rollout.backends import Backend, EmbeddedBackend, HttpBackend
 
 
 def resolve_policy(cfg: RunConfig, init_from: str | None = None) -> Policy:
@@ -67,9 +68,9 @@ def make_backend(cfg: RunConfig, policy: Policy, *, allow_biased: bool = False) 
     """The rollout engine for this stage (embedded sampler, or HTTP servers already checked)."""
     r = cfg.rollout
     if r.engine == "embedded":
+        from jaxswe.rollout.backends import sampler_copy
         from jaxswe.rollout.engine import EmbeddedEngine
         from jaxswe.rollout.sampler import Sampler
-        from jaxswe.stages.rollouts import sampler_copy
 
         params = sampler_copy(policy.params)
         if not is_main():  # rollouts run on process 0

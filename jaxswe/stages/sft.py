@@ -9,8 +9,8 @@ from collections.abc import Callable
 import numpy as np
 
 from jaxswe.config import SFTSection
-from jaxswe.data.packing import Sequence, pack_sequences, pad_rows
 from jaxswe.distributed import is_main
+from jaxswe.packing import Sequence, pack_sequences, pad_rows
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.progress import Progress
 from jaxswe.train.trainer import Trainer

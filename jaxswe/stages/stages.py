@@ -11,21 +11,21 @@ from typing import Any
 from jaxswe.config import RunConfig
 from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
-from jaxswe.rl.loop import run_rl
+from jaxswe.rl.problems import load_history
 from jaxswe.rl.strength import strength_line
+from jaxswe.run.files import read_json, write_json
 from jaxswe.run.plots import plot_metrics
-from jaxswe.stages.context import check_inputs, ensure_backend, finish_stage, open_stage
+from jaxswe.stages.context import check_inputs, ensure_backend, open_stage
 from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference, paired_outcome_difference
 from jaxswe.stages.evaluate import run_eval_stage
+from jaxswe.stages.finish import finish_stage
 from jaxswe.stages.rft import run_rft
+from jaxswe.stages.rl import run_rl
 from jaxswe.stages.runtime import env_factory
 from jaxswe.stages.stage_io import (
     check_run_dir,
     config_changes,
-    load_history,
-    read_json,
     record_config,
-    write_json,
     write_partial_summary,
 )
 from jaxswe.stages.toy import is_toy

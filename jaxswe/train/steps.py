@@ -1,6 +1,6 @@
 """Jitted, sharded SFT and DAPO train steps and old-log-prob recomputation.
 
-A batch is a `TokenBatch` (jaxswe.data.packing; a mapping of its field names is accepted) of
+A batch is a `TokenBatch` (jaxswe.packing; a mapping of its field names is accepted) of
 [B, T] arrays: input_ids, positions, segment_ids (int32; 0 = padding, several trajectories may
 share a row, each its own segment), loss_mask (float32); DAPO adds advantages, rollout_logprobs
 and the trainer's old_logprobs (float32, per token), and corrects for the rollout policy inside
@@ -31,12 +31,12 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxswe.data.packing import TokenBatch, step_fields
 from jaxswe.errors import UserError
 from jaxswe.losses import LossSettings, dapo_loss, off_policy_weights, sft_loss
 from jaxswe.model.attention import mesh_attention
 from jaxswe.model.config import Qwen2Config
 from jaxswe.optim import accumulate_gradients
+from jaxswe.packing import TokenBatch, step_fields
 from jaxswe.train.logprobs import policy_logprobs
 from jaxswe.train.state import TrainState, train_state_shardings
 from sharding import context_size, replicated, use_rules

@@ -16,12 +16,12 @@ import numpy as np
 import optax
 
 from jaxswe.config import MeshSection, OptimizerSection
-from jaxswe.data.packing import TokenBatch, step_fields
 from jaxswe.distributed import check_same_on_every_process, to_host
 from jaxswe.errors import UserError
 from jaxswe.losses import LossSettings
 from jaxswe.model.params import param_logical_axes
 from jaxswe.optim import make_optimizer, make_schedule
+from jaxswe.packing import TokenBatch, step_fields
 from jaxswe.train import (
     TrainState,
     init_train_state,

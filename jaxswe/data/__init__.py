@@ -1,1 +1,0 @@
-"""Turning trajectories into fixed-shape token batches for the trainer."""

@@ -41,12 +41,14 @@ FLOORS = {
 
 
 def module_files() -> dict[str, Path]:
-    """Dotted module name -> file, for every module of the three packages."""
+    """Dotted module name -> file, for every module of the three packages (not the task repositories
+    under envs/tasks/: their folders are no packages)."""
     modules = {}
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
-            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+            if all((ROOT.joinpath(*parts[:i]) / "__init__.py").is_file() for i in range(1, len(parts))):
+                modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return modules
 
 

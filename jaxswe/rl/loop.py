@@ -107,9 +107,8 @@ async def rl_iteration(
     meta = {"iteration": step, "seed": rl_run.cfg.seed, "data_order": order.to_json(), "history": history,
             "metrics_row": row}  # fmt: skip
     if step % rl_run.cfg.rl.checkpoint_every == 0 or step == rl_run.cfg.rl.iterations:
-        rl_run.checkpoints.save(
-            step, rl_run.trainer.state(), meta, wait=False
-        )  # commits while the next iteration runs
+        # commits while the next iteration runs
+        rl_run.checkpoints.save(step, rl_run.trainer.state(), meta, wait=False)
     write_json(rl_run.stage_dir / "history.json", history)
     metrics.log(step, row)
     return row, history

@@ -29,7 +29,9 @@ from envs.mining import (
 from envs.repos import task_source
 from envs.tasks import load_tasks
 from envs.validate import validate_task
+from jaxswe.tokenizer import build_tokenizer
 
+ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = (
     Path(__file__).resolve().parents[2] / "shared" / "repos" / "toolz.bundle"
 )  # ../shared beside the checkout
@@ -256,6 +258,41 @@ def test_mine_src_layout_range(tmp_path):
     assert not result.resolved and result.tamper == ("forged result",), result.reason
     result = grade(task, forged)
     assert not result.resolved and "twin of" in result.reason, result.reason
+    _weak_tests_found_and_dropped_from_rl(out, tmp_path)
+
+
+def _weak_tests_found_and_dropped_from_rl(mined: Path, tmp_path: Path) -> None:
+    """The strength audit finds the mined cachetools task's weak tests (its fix made at 2 of its 4
+    call sites passes them: docs/tasks.md), and `jaxswe rl` with rl.min_strength 0.9, from the CLI
+    on that record beside a strong built-in task, samples the built-in alone and names the mined one
+    dropped. One tiny iteration: the facts are the filter's."""
+    measured = tmp_path / "measured.jsonl"
+    jaxswe = [sys.executable, "-m", "jaxswe"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+    audit = subprocess.run([*jaxswe, "tasks", "filter", str(mined), "--min-strength", "0", "--budget", "6",
+                            "--workers", "1", "--out", str(measured)], capture_output=True, text=True,
+                           env=env, timeout=600)  # fmt: skip
+    assert audit.returncode == 0, audit.stderr[-3000:]
+    (weak,) = load_tasks(measured)
+    assert weak.strength is not None and weak.strength < 0.9 and weak.survivors, weak.strength
+    strong = next(t for t in load_tasks("builtin") if t.instance_id == "builtin__slugify-1")
+    tasks = tmp_path / "rl_tasks.jsonl"
+    tasks.write_text("".join(json.dumps(t.to_record()) + "\n" for t in (weak, strong)))
+    build_tokenizer([strong.problem_statement, weak.problem_statement], 300, tmp_path / "tokenizer")
+    sets = ("rl.min_strength=0.9", f"model.tokenizer={tmp_path}/tokenizer", "rl.iterations=1",
+            "rl.problems_per_iteration=1", "rl.group_size=2", "rl.resample_to_fill=false",
+            "agent.max_turns=2", "rl.turn_penalty_threshold=1", "rollout.max_new_tokens=8",
+            "eval.after_stage=false", "eval.heldout=[]", "allow_untrained_stage=true")  # fmt: skip
+    run = tmp_path / "run"
+    argv = ["rl", "--config", "configs/demo-cpu.yaml", "--tasks", str(tasks), "--run-dir", str(run)]
+    done = subprocess.run([*jaxswe, *argv, *(a for s in sets for a in ("--set", s))], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run / "rl" / "summary.json").read_text())
+    assert summary["task_strength"]["dropped"] == [weak.instance_id], summary
+    assert summary["task_strength"]["kept"] == 1 and summary["task_strength"]["below_1"] == {}, summary
+    episodes = (run / "rl" / "trajectories" / "iter_0001.jsonl").read_text().splitlines()
+    assert [json.loads(e)["task_id"] for e in episodes] == [strong.instance_id] * 2
 
 
 def _diff(path: str, old: str, new: str) -> str:

@@ -2,9 +2,6 @@
 (its tests check only the type of the result) against a strong built-in one; the CLI; RL's filter."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +22,6 @@ from jaxswe.errors import UserError
 from jaxswe.rl.loop import drop_weak_tasks
 from jaxswe.rl.strength import strength_summary
 from jaxswe.stages.evaluate import task_strength
-from jaxswe.tokenizer import build_tokenizer
 
 WEAK = Path(__file__).parent / "data" / "strength_tasks"
 STRONG = "builtin__pagination-1"
@@ -147,35 +143,3 @@ def test_summaries_report_the_strength_of_the_tasks_used():
     }
     assert task_strength(config_from_dict({"env": {"tasks": "toy"}}), ["toy-0"]) is None
     assert strength_summary(["a", "b", "a"], {"a": None})["unmeasured"] == 2
-
-
-def test_rl_from_the_cli_drops_a_weak_builtin_task(tmp_path):
-    """`jaxswe rl` on a weak built-in task (its record stores strength 0.5) and a strong one, with
-    rl.min_strength 0.9: one tiny iteration samples the strong task alone; the summary says why."""
-    weak, strong = "builtin__stack-1", "builtin__slugify-1"
-    tasks = [t for t in load_tasks("builtin") if t.instance_id in (weak, strong)]
-    build_tokenizer([t.problem_statement for t in tasks], 300, tmp_path / "tokenizer")
-    sets = (f"task_subset=[{weak},{strong}]", "rl.min_strength=0.9", f"model.tokenizer={tmp_path}/tokenizer",
-            "rl.iterations=1", "rl.problems_per_iteration=1", "rl.group_size=2", "rl.resample_to_fill=false",
-            "agent.max_turns=2", "rl.turn_penalty_threshold=1", "rollout.max_new_tokens=8",
-            "eval.after_stage=false", "eval.heldout=[]", "allow_untrained_stage=true")  # fmt: skip
-    argv = ["rl", "--config", "configs/demo-cpu.yaml", "--run-dir", str(tmp_path / "run")]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
-    done = subprocess.run(
-        [sys.executable, "-m", "jaxswe", *argv, *(a for s in sets for a in ("--set", s))],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads((tmp_path / "run" / "rl" / "summary.json").read_text())
-    assert summary["task_strength"] == {
-        "min_strength": 0.9,
-        "kept": 1,
-        "dropped": [weak],
-        "measured": 1,
-        "unmeasured": 0,
-        "mean_strength": 1.0,
-        "lowest_strength": 1.0,
-        "below_1": {},
-    }, summary
-    episodes = (tmp_path / "run" / "rl" / "trajectories" / "iter_0001.jsonl").read_text().splitlines()
-    assert [json.loads(e)["task_id"] for e in episodes] == [strong, strong]

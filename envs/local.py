@@ -127,19 +127,17 @@ def _state_and_flags(pid: int) -> tuple[bytes, int] | None:
 def _environ(pid: int) -> bytes | None:
     """`pid`'s environment block; None once it is gone. A process caught inside execve reads empty
     for a moment (its new image has no environment yet): read again until it has one."""
-    for attempt in range(_MID_EXEC_TRIES):
+    for _ in range(_MID_EXEC_TRIES):
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 block = f.read()
         except OSError:
             return None
-        if block or attempt == _MID_EXEC_TRIES - 1:
-            return block
-        stat = _state_and_flags(pid)
-        if stat is None or stat[0] == b"Z" or stat[1] & _KTHREAD:
+        stat = None if block else _state_and_flags(pid)
+        if block or stat is None or stat[0] == b"Z" or stat[1] & _KTHREAD:
             return block
         time.sleep(0.005)
-    return b""
+    return block
 
 
 def _marked(needle: bytes, skip: int | None = None) -> list[int]:

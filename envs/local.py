@@ -112,7 +112,7 @@ def bwrap_available() -> bool:
 
 
 _KTHREAD = 0x00200000  # PF_KTHREAD in /proc/PID/stat's flags: a kernel thread has no environment
-_MID_EXEC_TRIES = 20  # re-reads of an empty environment, 5 ms apart
+_MID_EXEC_TRIES = 20  # re-reads of the empty environments of one scan, 5 ms apart
 
 
 def _state_and_flags(pid: int) -> tuple[bytes, int] | None:
@@ -125,33 +125,38 @@ def _state_and_flags(pid: int) -> tuple[bytes, int] | None:
 
 
 def _environ(pid: int) -> bytes | None:
-    """`pid`'s environment block; None once it is gone. A process caught inside execve reads empty
-    for a moment (its new image has no environment yet): read again until it has one."""
-    for _ in range(_MID_EXEC_TRIES):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                block = f.read()
-        except OSError:
-            return None
-        stat = None if block else _state_and_flags(pid)
-        if block or stat is None or stat[0] == b"Z" or stat[1] & _KTHREAD:
-            return block
-        time.sleep(0.005)
-    return block
+    """`pid`'s environment block; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _live_user_process(pid: int) -> bool:
+    """Neither gone, a zombie nor a kernel thread (those have no environment)."""
+    stat = _state_and_flags(pid)
+    return stat is not None and stat[0] != b"Z" and not stat[1] & _KTHREAD
 
 
 def _marked(needle: bytes, skip: int | None = None) -> list[int]:
-    """Live, non-zombie processes whose environment holds `needle` (NAME=value)."""
-    pids = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit() or int(p) == skip:
-            continue
-        block = _environ(int(p))
-        if block and needle in block.split(b"\0"):
-            stat = _state_and_flags(int(p))
-            if stat is not None and stat[0] != b"Z":
-                pids.append(int(p))
-    return pids
+    """Live, non-zombie processes whose environment holds `needle` (NAME=value). A live process caught
+    inside execve reads empty for a moment (its new image has no environment yet): the scan's empty
+    reads are read again together, 5 ms apart: a scan waits 100 ms at most, however many processes
+    have no environment at all."""
+    blocks = {int(p): _environ(int(p)) for p in os.listdir("/proc") if p.isdigit() and int(p) != skip}
+    empty = [pid for pid, block in blocks.items() if block == b"" and _live_user_process(pid)]
+    for _ in range(_MID_EXEC_TRIES):
+        if not empty:
+            break
+        time.sleep(0.005)
+        blocks.update((pid, _environ(pid)) for pid in empty)
+        empty = [pid for pid in empty if blocks[pid] == b"" and _live_user_process(pid)]
+    return [
+        pid
+        for pid, block in blocks.items()
+        if block and needle in block.split(b"\0") and _live_user_process(pid)
+    ]
 
 
 def kill_marked(entry: str, *, rounds: int = 20) -> int:

@@ -201,13 +201,13 @@ def test_bad_arguments():
 MID_EXEC = """
 import os
 from envs.local import marked_pids
-from envs.shell_runner import holding
+from envs.shell_runner import pids_holding
 missed = 0
 for _ in range(40):
     pid = os.fork()
     if pid == 0:
         os.execv("/bin/sleep", ["sleep", "0.2"])
-    missed += pid not in marked_pids("JAXSWE_T=1") or not holding(pid, b"JAXSWE_T=1")
+    missed += pid not in marked_pids("JAXSWE_T=1") or pid not in pids_holding(b"JAXSWE_T=1", os.getpid())
     os.waitpid(pid, 0)
 print(missed)
 """

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from jaxswe.errors import UserError
 from jaxswe.packing import ROW_BUCKET_RATIO
@@ -180,6 +180,12 @@ class EnvSection(Section):
     allow_unisolated: bool = False  # run model commands on the host when bwrap is missing (local)
     toy_values: int = Field(2, ge=2, le=100)  # tasks "toy": the key's possible values
     toy_tasks: int = Field(16, gt=0)  # tasks "toy": task ids in the pool
+
+    @field_validator("tasks", "eval_tasks")
+    @classmethod
+    def _task_file_absolute(cls, source: str | None) -> str | None:
+        """A task file's path made absolute: the run dir's config.yaml names it from any working dir."""
+        return source if source in (None, "builtin", "toy") else str(Path(source).absolute())
 
 
 class AgentSection(Section):

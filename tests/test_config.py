@@ -118,6 +118,18 @@ def test_dump_round_trips(tmp_path):
     assert load_config(tmp_path / "resolved.yaml") == cfg
 
 
+def test_a_task_file_is_named_absolute_in_the_dumped_config(tmp_path, monkeypatch):
+    """A relative env.tasks is resolved against the working dir the run starts in, so the run dir's
+    config.yaml (read by --resume and `jaxswe inspect`) names the same file from any other dir."""
+    (tmp_path / "c.yaml").write_text("env:\n  tasks: mine/tasks.jsonl\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("c.yaml", ["env.eval_tasks=builtin"])
+    dump_config(cfg, tmp_path / "run.yaml")
+    monkeypatch.chdir("/")
+    assert load_config(tmp_path / "run.yaml").env.tasks == str(tmp_path / "mine" / "tasks.jsonl")
+    assert cfg.env.eval_tasks == "builtin"
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_every_shipped_config_validates(path):
     load_config(path)

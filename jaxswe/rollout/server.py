@@ -1,4 +1,4 @@
-"""`jaxswe serve`: SGLang 0.5.x's native HTTP API (the subset in design.md) over an `EmbeddedEngine`.
+"""`jaxswe serve`: SGLang 0.5.x's native HTTP API (docs/architecture.md's subset) over an `EmbeddedEngine`.
 
 Routes: /generate, /health, /health_generate, /model_info (and /get_model_info), /server_info
 (and /get_server_info), /get_weight_version, /flush_cache, /update_weights_from_disk,

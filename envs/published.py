@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
+from envs.errors import SandboxError
 from envs.host_git import host_env
 
 
@@ -33,7 +34,10 @@ def official_outcomes(report: dict) -> dict[str, bool]:
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], check=True, capture_output=True, text=True, env=host_env()).stdout
+    done = subprocess.run(["git", *args], capture_output=True, text=True, env=host_env())
+    if done.returncode != 0:
+        raise SandboxError(f"git {' '.join(args)} failed: {done.stderr.strip()[-300:]}")
+    return done.stdout
 
 
 def repos_from_bundles(bundles: Iterable[Path], into: Path) -> Path:
@@ -41,12 +45,12 @@ def repos_from_bundles(bundles: Iterable[Path], into: Path) -> Path:
     repository's bundles (`<owner>__<name>-<commit>.bundle`); each head is named in the
     repository's `shallow` file (the bundles store no parents). Returns `into`, for
     `$JAXSWE_REPOS_DIR`."""
-    for bundle in bundles:
+    for bundle in map(Path.resolve, bundles):
         name, commit = bundle.stem.rsplit("-", 1)
+        heads = [line.split()[0] for line in _git("bundle", "list-heads", str(bundle)).splitlines()]
         repo = into / name
         if not repo.is_dir():
             _git("init", "-q", "--bare", str(repo))
-        heads = [line.split()[0] for line in _git("bundle", "list-heads", str(bundle)).splitlines()]
         shallow = repo / "shallow"
         known = shallow.read_text().split() if shallow.is_file() else []
         shallow.write_text("".join(f"{c}\n" for c in dict.fromkeys([*known, *heads])))

@@ -4,15 +4,16 @@ The base image is built locally (`debootstrap --variant=minbase`, then `docker i
 file system) from the Debian mirror apt is configured with on this machine, and cached by tag.
 Task images are layered as SWE-bench layers them: base -> environment image (a venv at
 /opt/jaxswe-venv over the image's Python with `pip_packages`; shared by every task with the same
-recipe) -> instance image (the task's clean repository at its workdir; there, as the official
-repo script runs them, the recipe's `pre_install` lines, its requirements as swebench reads and
-cleans them (the text a local task venv installs) and its `install` command). A recipe the base
-cannot build as its harness would (another Python, a conda environment.yml) is refused with the
-reason. Build steps run WITH network
-(the engine's default bridge, or `$JAXSWE_BUILD_NETWORK`); sandboxes run the result with network
-none. A recipe with no such steps is the base image + the repository. SWE-bench / SWE-rebench
-images (`sweb.eval.x86_64.<id>`, or SWE-bench's remote name) are used as they are when the
-engine already has them.
+recipe) -> instance image (the task's clean repository at its workdir; there, as the official repo
+script runs them, the recipe's `pre_install` lines, its requirements as swebench reads and cleans
+them (the text a local task venv installs) and its `install` command). A recipe whose Python is not
+the base's gets the host's install of that Python (pyenv, uv or conda, found as a local task venv
+finds it) copied into an image layer at its own path, and its venv on it. A recipe the base cannot
+build as its harness would (a conda environment.yml) is refused with the reason. Build steps run
+WITH network (the engine's default bridge, or `$JAXSWE_BUILD_NETWORK`); sandboxes run the result
+with network none. A recipe with no such steps is the base image + the repository. SWE-bench /
+SWE-rebench images (`sweb.eval.x86_64.<id>`, or SWE-bench's remote name) are used as they are when
+the engine already has them.
 
     python -m envs base [--tag T] [--force]      build (or keep) the base image
     python -m envs task FILE [--force]           build the task images of a task file
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import json
 import os
 import re
 import shlex
@@ -41,6 +43,7 @@ from envs.errors import SandboxError
 
 if TYPE_CHECKING:
     from envs.tasks import Task
+    from envs.venvs import Interpreter
 
 BASE_IMAGE = "jaxswe/base:bookworm"
 BASE_PYTHON = "3.11"  # Debian bookworm's python3
@@ -214,25 +217,72 @@ def _lines(value) -> list[str]:
     return [value] if isinstance(value, str) and value else list(value or [])
 
 
+def image_python(task: Task) -> Interpreter | None:
+    """The host interpreter a task's image runs its venv on: the recipe's Python when it is not the
+    base's (found as `envs.venvs.find_python` finds it, a self-contained install copied into the
+    image at its own path), None for the base's own. SandboxError when none can be copied."""
+    from envs.venvs import find_python
+
+    version = str(task.install.get("python") or "")
+    if not version or version == BASE_PYTHON:
+        return None
+    python = find_python(version)
+    if python.prefix.startswith("/usr/"):
+        raise SandboxError(
+            f"its Python {version} is a system install ({python.prefix}); an image takes a "
+            "self-contained one (pyenv, uv or conda)"
+        )
+    return python
+
+
+def _prefix_tar(python: Interpreter) -> bytes:
+    """The interpreter's tree at its own path (its executable's run path names it), without CPython's
+    own test suite (a third of it), each directory above it made traversable, not listable, by the
+    sandbox user (/root is 0700)."""
+    buf = io.BytesIO()
+    parts = Path(python.prefix).parts[1:]
+    suite = "/".join([*parts, "lib", f"python{python.version}", "test"])
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for depth in range(1, len(parts)):
+            parent = tarfile.TarInfo("/".join(parts[:depth]))
+            parent.type, parent.mode = tarfile.DIRTYPE, 0o711
+            tar.addfile(parent)
+        tar.add(python.prefix, arcname="/".join(parts), filter=lambda m: None if m.name == suite else m)
+    return buf.getvalue()
+
+
+def interpreter_image(python: Interpreter, *, client, base: str = BASE_IMAGE) -> str:
+    """`base` with the host interpreter `python` in it (cached by base, prefix and version)."""
+    base_id = client.images.get(base).id.removeprefix("sha256:")[:12]
+    key = json.dumps([base_id, python.prefix, python.path, python.version])
+    tag = f"jaxswe/python:{python.version}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    if not _has(client, tag):
+        _layer(client, base, tag, f"set -e\n{shlex.quote(python.path)} -c 'import ssl, sqlite3, ctypes'",
+               archive=_prefix_tar(python))  # fmt: skip
+    return tag
+
+
 def env_image(task: Task, *, client, base: str = BASE_IMAGE) -> tuple[str, dict[str, str]]:
     """(the environment image of the task's recipe over `base`, its environment variables)."""
-    import json
-
     pip = _lines(task.install.get("pip_packages"))
     installs = bool(task.install.get("install") or task.requirement_files or task.install.get("pre_install"))
-    if not pip and not installs:
+    python = image_python(task)
+    if python is not None:  # its own venv: the base's pytest is the base Python's
+        base = interpreter_image(python, client=client, base=base)
+        venv = [f"{shlex.quote(python.path)} -m venv {TASK_VENV}"]
+    elif pip or installs:
+        # the image's own packages (pytest from the base) stay visible; pip_packages go into the venv,
+        # which has its own pip (the base's pip is externally managed)
+        venv = [f"python3 -m venv --system-site-packages {TASK_VENV}"]
+    else:
         return base, {}
-    # the image's own packages (pytest from the base) stay visible; pip_packages go into the venv,
-    # which has its own pip when anything is installed (the base's pip is externally managed)
-    with_pip = "" if pip or installs else "--without-pip "
-    venv = [f"python3 -m venv --system-site-packages {with_pip}{TASK_VENV}"]
     if pip:
         venv.append(f"{TASK_VENV}/bin/pip install -q {' '.join(shlex.quote(p) for p in pip)}")
-    # the base's pytest under the venv's Python (its script would run the system Python)
-    launcher = f"#!{TASK_VENV}/bin/python\nimport sys\nimport pytest\nsys.exit(pytest.console_main())\n"
-    script_path = f"{TASK_VENV}/bin/pytest"
-    venv.append(f"[ -e {script_path} ] || {{ printf %s {shlex.quote(launcher)} > {script_path} "
-                f"&& chmod 755 {script_path}; }}")  # fmt: skip
+    if python is None:  # the base's pytest under the venv's Python (its script would run the system Python)
+        launcher = f"#!{TASK_VENV}/bin/python\nimport sys\nimport pytest\nsys.exit(pytest.console_main())\n"
+        script_path = f"{TASK_VENV}/bin/pytest"
+        venv.append(f"[ -e {script_path} ] || {{ printf %s {shlex.quote(launcher)} > {script_path} "
+                    f"&& chmod 755 {script_path}; }}")  # fmt: skip
     script = "\n".join(["set -e", *venv])
     base_id = client.images.get(base).id.removeprefix("sha256:")[:12]
     tag = f"jaxswe/env:{hashlib.sha256(json.dumps([base_id, script]).encode()).hexdigest()[:16]}"
@@ -266,14 +316,22 @@ def build_task_image(task: Task, *, client=None, base: str = BASE_IMAGE, force: 
     client = client or docker.from_env()
     if not _has(client, base):
         raise SandboxError(f"base image {base} is missing; build it with `python -m envs base`")
-    if (problem := task.recipe_problem(BASE_PYTHON, local=False)) is not None:
+    try:
+        python = image_python(task)
+    except SandboxError as err:
+        raise SandboxError(f"cannot build the image of {task.instance_id}: {err}") from None
+    version = python.version if python is not None else BASE_PYTHON
+    if (problem := task.recipe_problem(version, local=False)) is not None:
         raise SandboxError(
             f"cannot build the image of {task.instance_id}: {problem}; use its published image"
         )
     parent, env = env_image(task, client=client, base=base)
     chown = f"chown -R {SANDBOX_USER} {shlex.quote(task.workdir)}"  # what the install wrote too
     steps = [*_lines(task.install.get("pre_install")), *requirement_steps(task)]
-    script = "\n".join(["set -e", *steps, *_lines(task.install.get("install")), chown])  # in the workdir
+    steps += _lines(task.install.get("install"))
+    if python is not None:  # pytest when the recipe brought none, as a local task venv gets it
+        steps.append('python -c "import pytest" 2>/dev/null || pip install -q pytest')
+    script = "\n".join(["set -e", *steps, chown])  # in the workdir
     parent_id = client.images.get(parent).id.removeprefix("sha256:")[:12]
     step = hashlib.sha256(script.encode()).hexdigest()[:8]
     tag = f"{task_image_name(task)}-{parent_id}-{step}"  # a rebuilt base, environment or step: a new image

@@ -125,3 +125,40 @@ def test_an_images_own_setup_edits_survive_the_episode_and_grading(client):
     finally:
         for tag in (edited, clean_image_name(task)):
             subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+
+
+_VERSION = "python -c 'from importlib.metadata import version; print(version(\"strs\"))'"
+
+
+def test_a_task_on_another_python_gets_that_python_in_its_image(client, tmp_path, monkeypatch):
+    """A recipe naming Python 3.9 (the base has 3.11): the host's 3.9 install is copied into a layer
+    at its own path and the task's venv runs it; requirements as swebench cleans them, the editable
+    install of the official harness; gold resolves in a Docker sandbox, empty fails."""
+    import dataclasses
+
+    from test_task_pythons import _task
+
+    from envs import grade
+    from envs.images import image_python
+
+    monkeypatch.setenv("JAXSWE_CACHE_DIR", str(tmp_path / "cache"))
+    if "bridge" not in [n.name for n in client.networks.list()]:
+        monkeypatch.setenv("JAXSWE_BUILD_NETWORK", "host")  # an engine run with --bridge=none (CI)
+    task = _task(tmp_path, packages="requirements.txt", install="python -m pip install -e .")
+    # the editable install leaves the egg-info in the checkout, which is on sys.path twice under
+    # pytest: Python 3.9 lists its entry points twice, as in an official image (a local venv keeps
+    # the metadata in site-packages once); its version reads as published
+    task = dataclasses.replace(task, pass_to_pass=tuple(t for t in task.pass_to_pass if "metadata" not in t))
+    prefix = image_python(task).prefix
+    tag = build_task_image(task, client=client)
+    try:
+        with open_sandbox(task, "docker", timeout=60) as sb:
+            ran = sb.exec("id -u; python -c 'import sys; print(sys.version_info[:2], sys.base_prefix)'")
+            assert ran.output.split("\n", 1) == ["1000", f"(3, 9) {prefix}\n"], ran.output
+            assert sb.exec(_VERSION).output.strip() == "1.2.3"
+        resolved = grade(task, task.patch, "docker", twins=False)
+        assert resolved.resolved and not resolved.error, resolved.reason
+        empty = grade(task, "", "docker", twins=False)
+        assert not empty.resolved and not empty.error and empty.tests["test_strs.py::test_keep"] == "FAILED"
+    finally:
+        client.images.remove(tag, force=True)

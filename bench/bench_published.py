@@ -53,6 +53,7 @@ def official_run(task: Task) -> tuple[dict, str] | None:
 
 
 def verdict(result: GradeResult) -> str:
+    """resolved / not resolved, or the infrastructure failure with its cause (never a 0)."""
     if result.error:
         return f"infrastructure failure: {result.reason}"
     return "resolved" if result.resolved else "not resolved"
@@ -94,6 +95,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="instance ids to grade (default: all)")
     args = parser.parse_args()
     tasks = [t for t in stored_tasks() if args.only is None or t.instance_id in args.only]
+    if unknown := sorted(set(args.only or ()) - {t.instance_id for t in tasks}):
+        parser.error(f"no stored record with a stored repository: {', '.join(unknown)}")
     with tempfile.TemporaryDirectory(prefix="jaxswe-published-repos-") as repos:
         os.environ["JAXSWE_REPOS_DIR"] = str(
             repos_from_bundles(sorted((DATA / "repos").glob("*.bundle")), Path(repos))

@@ -1,9 +1,9 @@
 """gold_patch_to_commands: git diffs -> compact scaffold commands that rebuild the patched tree."""
 
 import random
-import subprocess
 
 import pytest
+from helpers import git
 
 from envs import LocalSandbox
 from jaxswe.agent.commands import Command, parse_action
@@ -12,12 +12,6 @@ from jaxswe.agent.prompts import load_prompts
 from jaxswe.agent.scaffold import Scaffold
 
 PROMPTS = load_prompts("default")
-
-
-def git(repo, *args, input=None):
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, input=input
-    ).stdout
 
 
 def make_repo(path, files):

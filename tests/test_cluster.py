@@ -23,8 +23,9 @@ import numpy as np
 import pytest
 import yaml
 from half_solver import half_solving_model
+from helpers import free_port
 from second_engine import docker_sh, second_engine
-from test_multiprocess import _audited, _port, _spawn, _wait, _written
+from test_multiprocess import _audited, _spawn, _wait, _written
 
 from envs.tasks import load_builtin
 from jaxswe.agent.trajectory import load_jsonl
@@ -66,7 +67,7 @@ def _router(port: int, workers: list[str], log: Path) -> subprocess.Popen:
     29000, makes a second router on the host panic)."""
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
            "--worker-urls", *workers, "--policy", "round_robin", "--log-level", "warn",
-           "--health-check-interval-secs", "1", "--prometheus-port", str(_port())]  # fmt: skip
+           "--health-check-interval-secs", "1", "--prometheus-port", str(free_port())]  # fmt: skip
     router = _spawn(cmd, 1, log.parent, log)
 
     def listed() -> bool:
@@ -102,7 +103,7 @@ def test_cluster_in_a_box_survives_a_dead_worker_and_a_dead_engine(tmp_path, eng
     env = {"tasks": "builtin", "backend": "local", "command_timeout_s": 60, "max_parallel": 8}
     half_solving_model(config_from_dict({"name": "x", "agent": AGENT, "env": env}), tasks, model, steps=60)
 
-    ports = [_port(), _port()]
+    ports = [free_port(), free_port()]
     workers = [f"http://127.0.0.1:{p}" for p in ports]
     procs: list[subprocess.Popen] = []
     try:
@@ -112,7 +113,7 @@ def test_cluster_in_a_box_survives_a_dead_worker_and_a_dead_engine(tmp_path, eng
             procs.append(_spawn(cmd, 1, tmp_path / "serve_xla", tmp_path / f"worker_{p}.txt"))
         for url in workers:
             _until(url, lambda url=url: _answers(url), 300, procs)
-        router_port = _port()
+        router_port = free_port()
         procs.append(_router(router_port, workers, tmp_path / "router.txt"))
         cfg = {
             "name": "cluster",

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 from second_engine import docker_sh, second_engine
 
 from envs import engines as engines_module
@@ -271,7 +272,7 @@ def ssh_engine(tmp_path, monkeypatch):
     (tmp_path / "authorized_keys").write_text(
         f'command="docker -H {engine} system dial-stdio",restrict {(tmp_path / "user.pub").read_text()}'
     )
-    port = _free_port()
+    port = free_port()
     (tmp_path / "sshd_config").write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp_path / 'host'}\n"
         f"PidFile {tmp_path / 'sshd.pid'}\n"
@@ -301,14 +302,6 @@ def ssh_engine(tmp_path, monkeypatch):
     finally:
         server.kill()
         server.wait()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.docker

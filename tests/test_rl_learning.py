@@ -16,6 +16,8 @@ gets almost no gradient; the bonus (entropy_coef 0.02) keeps the choice open unt
 learned. With 4 values, success stayed between 0.25 and 0.84 over the seeds and coefficients tried.
 Runs repeat exactly on one machine; another CPU's float rounding can move a seed's curve after a few
 iterations.
+The test runs the config's first 24 iterations (the config's seed holds 0.9-1.0 from iteration 18):
+the iterations after learning resample their all-solved groups and cost the most.
 `JAXSWE_LEARNING_SET` (space-separated key=value overrides, e.g. "seed=1 rl.entropy_coef=0") changes
 the settings for tuning runs by hand."""
 
@@ -30,6 +32,7 @@ from jaxswe.run.metrics import read_rows
 
 CONFIG = Path(__file__).parent.parent / "configs" / "toy-rl.yaml"
 OVERRIDES = os.environ.get("JAXSWE_LEARNING_SET", "").split()
+ITERATIONS = 24
 
 
 def learned(rates: list[float]) -> bool:
@@ -55,15 +58,18 @@ def run_toy_rl(run_dir: Path, *sets: str) -> list[dict]:
 def test_toy_rl_config_learns_from_random_init(tmp_path):
     """The config's seed learns; where another machine's float rounding moved its curve (runs
     repeat exactly on one machine; 10 of seeds 1-12 learn and hold here), seed 3 (0.8 at 18) must."""
-    rows = run_toy_rl(tmp_path / "rl", *OVERRIDES)
+    rows = run_toy_rl(tmp_path / "rl", f"rl.iterations={ITERATIONS}", *OVERRIDES)
     rates = [r["pass_rate"] for r in rows]
     returns = [r["reward_mean"] for r in rows]
     print("pass rates", rates)
     # 8 groups of 8 a round, up to 3 more rounds for the groups left uninformative
-    assert len(rows) == 30 and all(r["infra_failures"] == 0 and 64 <= r["episodes"] <= 4 * 64 for r in rows)
+    assert len(rows) == ITERATIONS and all(
+        r["infra_failures"] == 0 and 64 <= r["episodes"] <= 4 * 64 for r in rows
+    )
     assert all(r["episodes"] % 8 == 0 for r in rows) and any(r["resample_rounds"] for r in rows)
     assert rates[0] <= 0.2 and returns[0] <= -0.8, (rates, returns)
     if not learned(rates):
-        rates = [r["pass_rate"] for r in run_toy_rl(tmp_path / "seed3", *OVERRIDES, "seed=3")]
+        rows = run_toy_rl(tmp_path / "seed3", f"rl.iterations={ITERATIONS}", *OVERRIDES, "seed=3")
+        rates = [r["pass_rate"] for r in rows]
         print("seed 3 pass rates", rates)
     assert learned(rates), rates

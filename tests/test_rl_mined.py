@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import numpy as np
 import pytest
 import yaml
 from half_solver import half_solving_model
+from helpers import free_port
 
 from envs.tasks import load_tasks
 from jaxswe.agent.trajectory import load_jsonl
@@ -43,12 +43,6 @@ MINED = (  # (bundle, commit, owner/name, install recipe)
 )
 AGENT = {"prompts": "demo", "window_lines": 5, "max_turns": 4, "max_context_tokens": 640}
 GROUP = 6  # an even split leaves a group of 6 uninformative with probability 1/32
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_healthy(url, proc, timeout=300):
@@ -99,7 +93,7 @@ def test_short_rl_run_over_http_trains_on_mined_tasks(tmp_path):
     half_solving_model(
         config_from_dict({"name": "x", "agent": AGENT, "env": env}), tasks, model_dir, steps=100
     )
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = _serve(model_dir, port)
     try:

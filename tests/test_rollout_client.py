@@ -1,22 +1,16 @@
 """RolloutClient without a model: parameter policy, retries, dead servers, parsing, logprob_gap."""
 
 import asyncio
-import socket
 
 import numpy as np
 import pytest
 from aiohttp import web
+from helpers import free_port
 
 from jaxswe.errors import UserError
 from jaxswe.rollout.client import BiasedSamplingError, RolloutClient, RolloutError, logprob_gap
 from jaxswe.rollout.protocol import ProtocolError, generation_from_json, parse_generate_body
 from jaxswe.rollout.types import SamplingParams
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize(
@@ -45,7 +39,7 @@ def test_invalid_params_are_user_errors():
 
 
 def test_dead_server_is_retried_then_reported():
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
 
     async def main():
         async with RolloutClient(url, max_retries=2, backoff_s=0.01) as client:
@@ -85,7 +79,7 @@ async def _flaky_server(fail_first: int):
     app.router.add_post("/generate", generate)
     runner = web.AppRunner(app)
     await runner.setup()
-    port = _free_port()
+    port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     return runner, f"http://127.0.0.1:{port}", seen
 
@@ -130,7 +124,7 @@ def test_4xx_is_not_retried():
         app.router.add_post("/generate", generate)
         runner = web.AppRunner(app)
         await runner.setup()
-        port = _free_port()
+        port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         url = f"http://127.0.0.1:{port}"
         try:
@@ -225,7 +219,7 @@ async def _scripted_server(replies):
         app.router.add_post(path, control)
     runner = web.AppRunner(app)
     await runner.setup()
-    port = _free_port()
+    port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     return runner, f"http://127.0.0.1:{port}", seen
 
@@ -302,7 +296,7 @@ def test_aborts_from_this_clients_pauses_are_not_aborts_without_progress():
         app.router.add_post("/continue_generation", control)
         runner = web.AppRunner(app)
         await runner.setup()
-        port = _free_port()
+        port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         try:
             async with RolloutClient(f"http://127.0.0.1:{port}", max_retries=1) as client:

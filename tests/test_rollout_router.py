@@ -2,21 +2,15 @@
 flushes and health checks to every worker; a worker that fails an update is named."""
 
 import asyncio
-import socket
 
 import pytest
 from aiohttp import web
+from helpers import free_port
 
 from jaxswe.config import RolloutSection
 from jaxswe.errors import UserError
 from jaxswe.rollout.client import RolloutClient, RolloutError, client_from_config
 from jaxswe.rollout.types import SamplingParams
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _server(routes: dict[str, object]):
@@ -25,7 +19,7 @@ async def _server(routes: dict[str, object]):
         (app.router.add_get if path == "/health" else app.router.add_post)(path, handler)
     runner = web.AppRunner(app)
     await runner.setup()
-    port = _free_port()
+    port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     return runner, f"http://127.0.0.1:{port}"
 
@@ -150,7 +144,7 @@ def test_worker_dies_behind_the_real_router_and_rejoins_at_the_current_version(c
     import urllib.request
 
     pytest.importorskip("sglang_router")  # the dev extra installs it
-    ports, router_port = [_free_port(), _free_port()], _free_port()
+    ports, router_port = [free_port(), free_port()], free_port()
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     states = [{"version": "0", "generated": 0} for _ in ports]
 
@@ -159,7 +153,7 @@ def test_worker_dies_behind_the_real_router_and_rejoins_at_the_current_version(c
         router = subprocess.Popen(
             [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
              str(router_port), "--worker-urls", *urls, "--policy", "round_robin", "--log-level", "warn",
-             "--health-check-interval-secs", "1", "--prometheus-port", str(_free_port())],
+             "--health-check-interval-secs", "1", "--prometheus-port", str(free_port())],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         router_url = f"http://127.0.0.1:{router_port}"

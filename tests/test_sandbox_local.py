@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import git
 
 from envs import ExecResult, LocalSandbox, SandboxError, load_tasks, open_sandbox
 from envs.local import bwrap_available, marked_pids, sandboxes_dir
@@ -22,25 +23,21 @@ ISOLATIONS = [
 ]
 
 
-def _git(repo, *args):
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
-
-
 def future_history_task(tmp_path: Path):
     """A repo whose history goes past base_commit (commit, tag, remote) and a task at base_commit."""
     repo = tmp_path / "upstream"
     repo.mkdir()
     (repo / "mod.py").write_text("def f():\n    return 1\n")
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "add", "-A")
-    _git(repo, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-qm", "base")
-    base = _git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-qm", "base")
+    base = git(repo, "rev-parse", "HEAD").strip()
     (repo / "tests").mkdir()
     (repo / "tests" / "test_mod.py").write_text(f"def test_f():\n    assert True  # {SECRET}\n")
-    _git(repo, "add", "-A")
-    _git(repo, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-qm", f"future {SECRET}")
-    _git(repo, "tag", "v9")
-    _git(repo, "remote", "add", "origin", "https://example.invalid/x.git")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-qm", f"future {SECRET}")
+    git(repo, "tag", "v9")
+    git(repo, "remote", "add", "origin", "https://example.invalid/x.git")
     test_patch = (
         "diff --git a/tests/test_mod.py b/tests/test_mod.py\nnew file mode 100644\n--- /dev/null\n"
         f"+++ b/tests/test_mod.py\n@@ -0,0 +1,2 @@\n+def test_f():\n+    assert True  # {SECRET}\n"
@@ -152,11 +149,11 @@ def test_missing_repo_and_commit(tmp_path, monkeypatch):
         open_sandbox(task_from_record(record), "local")
     clone = tmp_path / "repos" / "octo__lib"
     clone.mkdir(parents=True)
-    _git(clone, "init", "-q")
-    _git(clone, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-q", "--allow-empty", "-m", "x")
+    git(clone, "init", "-q")
+    git(clone, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-q", "--allow-empty", "-m", "x")
     with pytest.raises(SandboxError, match=f"commit {'c' * 40} not found in {clone}"):
         open_sandbox(task_from_record(record), "local")
-    record["base_commit"] = _git(clone, "rev-parse", "HEAD").strip()
+    record["base_commit"] = git(clone, "rev-parse", "HEAD").strip()
     with open_sandbox(task_from_record(record), "local") as sb:
         assert sb.exec("git rev-parse HEAD").output.strip() == record["base_commit"]
     with pytest.raises(SandboxError, match="unknown sandbox backend"):

@@ -4,6 +4,7 @@ import os
 import subprocess
 
 import pytest
+from helpers import git
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -15,10 +16,6 @@ from jaxswe.agent.scaffold import Scaffold
 
 PROMPTS = load_prompts("default")
 LINES = [f"line {i}" for i in range(1, 31)]
-
-
-def git(repo, *args):
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from helpers import free_port
 
 from jaxswe import model as M
 from jaxswe.rollout.client import RolloutClient, RolloutError
@@ -218,12 +218,6 @@ def test_update_weights_follows_new_model_and_bad_path_keeps_old(server, models,
     np.testing.assert_allclose(prompt_lps(), _hf_logprobs(models["a"][1], PROMPT)[1:], atol=1e-4)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cli_serve_under_the_launcher_and_missing_model(models, tmp_path):
     model = tmp_path / "model"  # model a with EOS ids in generation_config.json
     model.mkdir()
@@ -231,7 +225,7 @@ def test_cli_serve_under_the_launcher_and_missing_model(models, tmp_path):
         if f.name != "generation_config.json":
             (model / f.name).symlink_to(f)
     (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 3]}))
-    port = _free_port()
+    port = free_port()
     cmd = [
         sys.executable,
         "-m",

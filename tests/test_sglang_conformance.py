@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 from aiohttp import web
+from helpers import free_port
 
 from jaxswe.errors import UserError
 from jaxswe.rollout.client import RequestAborted, RolloutClient, RolloutError
@@ -30,12 +30,6 @@ from jaxswe.rollout.types import MAX_SEED, SamplingParams, derive_seed
 
 PROMPT = [5, 6, 7, 8]
 STOP = 2  # never drawn by `_tok` unless a case forces it
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tok(seed: int, pos: int) -> int:
@@ -257,7 +251,7 @@ def _run(case, **server_kwargs):
         server = Sgl059(**server_kwargs)
         runner = web.AppRunner(server.app())
         await runner.setup()
-        port = _free_port()
+        port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         url = f"http://127.0.0.1:{port}"
         try:
@@ -576,7 +570,7 @@ def test_real_sglang_router_forwards_rid_seed_and_meta_info():
             app.router.add_get(path, ok)
         runner = web.AppRunner(app)
         await runner.setup()
-        port, router_port = _free_port(), _free_port()
+        port, router_port = free_port(), free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         router = subprocess.Popen(
             [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",

@@ -1,14 +1,12 @@
 """The path a user takes through the `jaxswe` CLI, where a slip used to give a silently wrong
 answer: a mistyped --resume, which weights `jaxswe eval` evaluates, a stage that trained nothing, a
-finished stage resumed; and what Ctrl-C and JAX's fork warning print. Each a real `jaxswe`
-subprocess on a tiny toy RL stage where one can show it."""
+finished stage resumed; and what JAX's fork warning prints (what Ctrl-C prints:
+tests/test_rl_async.py). Each a real `jaxswe` subprocess on a tiny toy RL stage where one can show it."""
 
 import asyncio
 import contextlib
 import json
 import os
-import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -147,40 +145,6 @@ def test_jax_fork_warning_prints_once_per_process(mode, copies):
     out = subprocess.run([sys.executable, "-c", _FORKS, mode], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("RuntimeWarning: os.fork() was called") == copies, out.stderr
-
-
-def test_ctrl_c_prints_the_resume_line_and_exits_within_seconds(tmp_path):
-    """Ctrl-C (SIGINT) to `jaxswe rl` on the toy game while its episodes are in flight: exit 130
-    within seconds, and after the progress lines only the one line with the command that resumes
-    it: no traceback, no environment left unclosed (the agent loop warns for each)."""
-    run_dir = tmp_path / "run"
-    args = ["rl", "--config", TOY, "--run-dir", str(run_dir)]
-    args += [a for s in ("rl.iterations=5", "rl.resample_to_fill=false", "rl.problems_per_iteration=4")
-             for a in ("--set", s)]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    log = tmp_path / "stderr.txt"  # a file: no pipe fills while the test waits
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "jaxswe", *args], env=env, stderr=err, stdout=subprocess.DEVNULL
-        )
-    try:
-        while "jaxswe rl 1/5" not in log.read_text():
-            assert proc.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)  # iteration 2's 32 episodes run
-        t0 = time.monotonic()
-        code = proc.wait(timeout=120)
-        seconds = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = log.read_text()
-    assert code == 130 and seconds < 20, (seconds, text[-3000:])
-    lines = [line for line in text.splitlines() if not line.startswith("jaxswe rl ")]  # progress
-    resume = shlex.join(["jaxswe", *args, "--resume"])
-    assert lines == [f"jaxswe: == rl -> {run_dir / 'rl'}", f"jaxswe: interrupted; continue with: {resume}"], (
-        text
-    )
 
 
 def test_cancelled_episodes_close_their_sandboxes_at_once():

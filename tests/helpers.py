@@ -1,0 +1,21 @@
+"""Small helpers the tests share: a free local port and git in a repository."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that no one listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def git(repo: str | Path, *args: str, input: str | None = None) -> str:
+    """`git -C repo ARGS`; its stdout (a failure raises CalledProcessError)."""
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, input=input
+    ).stdout

@@ -31,10 +31,10 @@ from jaxswe.distributed import broadcast, is_main
 from jaxswe.errors import UserError
 from jaxswe.losses import LossSettings
 from jaxswe.policy import Policy
+from jaxswe.rl.groups import advantage_stats
 from jaxswe.rl.inputs import RLRun
 from jaxswe.rl.problems import DataOrder, History, filter_by_history, load_history, record_outcomes
 from jaxswe.rl.pump import Collected, RolloutPump
-from jaxswe.rl.rewards import advantage_stats
 from jaxswe.rl.strength import strength_pool
 from jaxswe.rl.train import StepsWarning, prepare, update_metrics
 from jaxswe.run import loops
@@ -100,7 +100,7 @@ async def rl_iteration(
     await rl_run.backend.sync_weights(rl_run.trainer.params, rl_run.stage_dir / "weights", version=step)
     c.timings["time_weight_sync_s"] = time.perf_counter() - t0
     history = record_outcomes(
-        history, [(g[0].task_id, [e.resolved for e in g if e.infra_error is None]) for g in c.groups]
+        history, [(g[0].task_id, [e.resolved for e in g if e.infra_error is None]) for g in c.scored.groups]
     )
     row = {**iteration_row(c, train), "time_iteration_s": time.perf_counter() - t_iter}
     save_jsonl(rl_run.stage_dir / "trajectories" / f"iter_{step:04d}.jsonl", episode_records(c))
@@ -116,18 +116,19 @@ async def rl_iteration(
 
 def iteration_row(c: Collected, train: dict[str, Any]) -> dict[str, Any]:
     """The metrics row of one iteration (but its total time)."""
-    all_eps = [e for g in c.groups for e in g]
+    s = c.scored
+    all_eps = [e for g in s.groups for e in g]
     generated = sum(e.num_generated for e in all_eps)
-    flat_rewards = [r for g, rg in zip(c.groups, c.rewards, strict=True) for e, r in zip(g, rg, strict=True)
+    flat_rewards = [r for g, rg in zip(s.groups, s.rewards, strict=True) for e, r in zip(g, rg, strict=True)
                     if e.infra_error is None]  # fmt: skip
     return {
         "reward_mean": float(np.mean(flat_rewards)) if flat_rewards else 0.0,
         **_episode_stats(all_eps),
-        **advantage_stats(c.result, c.kept),
-        "groups_total": len(c.groups),
-        "groups_kept": sum(c.kept),
+        **advantage_stats(s.result, s.trained),
+        "groups_total": len(s.groups),
+        "groups_kept": sum(s.trained),
         "resample_rounds": c.rounds,
-        "infra_failures": c.result.infra_failures,
+        "infra_failures": s.result.infra_failures,
         "tamper_flags": sum(e.tampered for e in all_eps),
         "tokens_generated": generated,
         "tokens_per_s": generated / max(c.timings["time_rollout_s"], 1e-9),
@@ -141,7 +142,8 @@ def episode_records(c: Collected) -> list[Trajectory]:
     """Every episode of the iteration with its shaped reward, advantage and whether its group
     trained (`Trajectory.stage`)."""
     out = []
-    for g, rg, ag, keep in zip(c.groups, c.rewards, c.result.advantages, c.kept, strict=True):
+    s = c.scored
+    for g, rg, ag, keep in zip(s.groups, s.rewards, s.result.advantages, s.trained, strict=True):
         for e, r, a in zip(g, rg, ag, strict=True):
             e.stage = {"shaped_reward": r, "advantage": a, "group_kept": keep}
             out.append(e)

@@ -40,6 +40,7 @@ from jaxswe.rl.train import StepsWarning, prepare, update_metrics
 from jaxswe.run import loops
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.files import write_json
+from jaxswe.run.layout import StageDir
 from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger, read_rows
 from jaxswe.run.progress import Progress
@@ -97,19 +98,20 @@ async def rl_iteration(
     train.update(update_metrics(steps, dists, step_metrics, time.perf_counter() - t1))
     c.timings["time_train_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    await rl_run.backend.sync_weights(rl_run.trainer.params, rl_run.stage_dir / "weights", version=step)
+    files = StageDir(rl_run.stage_dir)
+    await rl_run.backend.sync_weights(rl_run.trainer.params, files.weights, version=step)
     c.timings["time_weight_sync_s"] = time.perf_counter() - t0
     history = record_outcomes(
         history, [(g[0].task_id, [e.resolved for e in g if e.infra_error is None]) for g in c.scored.groups]
     )
     row = {**iteration_row(c, train), "time_iteration_s": time.perf_counter() - t_iter}
-    save_jsonl(rl_run.stage_dir / "trajectories" / f"iter_{step:04d}.jsonl", episode_records(c))
+    save_jsonl(files.iteration_episodes(step), episode_records(c))
     meta = {"iteration": step, "seed": rl_run.cfg.seed, "data_order": order.to_json(), "history": history,
             "metrics_row": row}  # fmt: skip
     if step % rl_run.cfg.rl.checkpoint_every == 0 or step == rl_run.cfg.rl.iterations:
         # commits while the next iteration runs
         rl_run.checkpoints.save(step, rl_run.trainer.state(), meta, wait=False)
-    write_json(rl_run.stage_dir / "history.json", history)
+    write_json(files.history, history)
     metrics.log(step, row)
     return row, history
 
@@ -169,7 +171,7 @@ def filter_tasks(
         drop_never_solved=rl.drop_never_solved,
     )
     print(f"jaxswe rl: task filter from {history_from}: {counts}", file=sys.stderr)
-    write_json(stage_dir / "task_filter.json", {**counts, "source": str(history_from), "pool": pool})
+    write_json(StageDir(stage_dir).task_filter, {**counts, "source": str(history_from), "pool": pool})
     if not pool:
         raise UserError(f"the task filter from {history_from} leaves no task to train on")
     return pool, counts
@@ -207,7 +209,7 @@ def iteration_line(step: int, iterations: int, row: dict[str, Any]) -> str:
 
 def rl_checkpoints(stage_dir: Path, *, resume: bool) -> Checkpoints:
     """The RL checkpoints of a stage dir; one that holds some already needs `resume`."""
-    ckpts = Checkpoints(stage_dir / "checkpoints", max_to_keep=2)
+    ckpts = Checkpoints(StageDir(stage_dir).checkpoints, max_to_keep=2)
     if ckpts.steps() and not resume:
         raise UserError(f"{stage_dir}: holds RL checkpoints already; pass --resume or use a new --run-dir")
     return ckpts
@@ -248,7 +250,8 @@ def train_rl(rl_run: RLRun, *, resume: bool) -> dict[str, Any]:
         try:
             if start > 0:
                 loops.run_in(
-                    runner, rl_run.backend.sync_weights(trainer.params, stage_dir / "weights", version=start)
+                    runner,
+                    rl_run.backend.sync_weights(trainer.params, StageDir(stage_dir).weights, version=start),
                 )
             pump = RolloutPump(rl_run, order)
             # one bar per run, not per process; no periodic lines: the per-iteration lines say it all

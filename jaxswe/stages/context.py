@@ -14,6 +14,7 @@ from jaxswe.errors import UserError
 from jaxswe.policy import Policy, load_tokenizer, write_model_file
 from jaxswe.rollout.backends import Backend, run_phase
 from jaxswe.rollout.types import SamplingParams
+from jaxswe.run.layout import StageDir
 from jaxswe.stages.runtime import check_servers, env_factory, load_pool, make_backend, resolve_policy
 from jaxswe.stages.stage_io import prepare_stage_dir
 from jaxswe.stages.toy import is_toy, toy_policy, toy_tasks
@@ -184,8 +185,10 @@ def ensure_backend(ctx: StageContext, params: Any | None = None) -> Backend:
         ctx.backend = make_backend(ctx.cfg, replace(ctx.policy, params=served))
         if ctx.cfg.rollout.engine != "embedded" or params is not None:
             run_phase(
-                ctx.backend, ctx.backend.sync_weights(served, ctx.stage_dir / "weights", version=version)
+                ctx.backend,
+                ctx.backend.sync_weights(served, StageDir(ctx.stage_dir).weights, version=version),
             )
     elif params is not None:
-        run_phase(ctx.backend, ctx.backend.sync_weights(params, ctx.stage_dir / "weights", version=version))
+        weights = StageDir(ctx.stage_dir).weights
+        run_phase(ctx.backend, ctx.backend.sync_weights(params, weights, version=version))
     return ctx.backend

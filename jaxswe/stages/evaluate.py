@@ -14,6 +14,7 @@ from jaxswe.rl.strength import strength_summary
 from jaxswe.rollout.backends import run_phase
 from jaxswe.rollout.types import derive_seed
 from jaxswe.run.files import write_json
+from jaxswe.run.layout import StageDir
 from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.plots import plot_eval
@@ -101,14 +102,15 @@ def run_eval_stage(
     strength = task_strength(cfg, ctx.eval_ids if ids is None else ids)
     if strength is not None:
         report["task_strength"] = strength
-    save_jsonl(stage_dir / "trajectories" / f"{name}.jsonl", episodes)
-    write_json(stage_dir / f"{name}.json", report)
+    files = StageDir(stage_dir)
+    save_jsonl(files.episodes(name), episodes)
+    write_json(files.eval_report(name), report)
     where = stage_dir / name if name != "eval" else stage_dir
     metrics = MetricsLogger(where, trackers=stage_trackers(cfg, where, name))
     row = {k: v for k, v in report.items() if isinstance(v, int | float)}
     metrics.log(0, {**row, "pass_rate": report["pass_at_1"]})
     metrics.close()
     if is_main():
-        (stage_dir / f"{name}_table.txt").write_text(format_table(report) + "\n")
-        plot_eval(report, stage_dir / "plots" / f"{name}.png", title=f"{cfg.name}: {name}")
+        files.eval_table(name).write_text(format_table(report) + "\n")
+        plot_eval(report, files.eval_plot(name), title=f"{cfg.name}: {name}")
     return report

@@ -14,6 +14,7 @@ from jaxswe.errors import UserError
 from jaxswe.rl.problems import load_history
 from jaxswe.rl.strength import strength_line
 from jaxswe.run.files import read_json, write_json
+from jaxswe.run.layout import StageDir
 from jaxswe.run.plots import plot_metrics
 from jaxswe.stages.context import check_inputs, ensure_backend, open_stage
 from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference, paired_outcome_difference
@@ -59,14 +60,14 @@ def run_stage(
     stage_dir = Path(stage_dir)
     check_run_dir(stage_dir, resume=resume)  # before anything is written into it
     changes = config_changes(stage_dir, cfg)
-    if resume and (stage_dir / "summary.json").is_file():  # finished: its summary stands
+    if resume and StageDir(stage_dir).summary.is_file():  # finished: its summary stands
         return finished_stage(name, stage_dir, cfg, changes)
     try:
         return check_trained(_run_stage(name, cfg, stage_dir, init_from=init_from, resume=resume), cfg)
     except KeyboardInterrupt:  # Ctrl-C: the curves and summary so far (not summary.json: not done)
-        metrics = stage_dir / "metrics.jsonl"
-        if is_main() and metrics.is_file() and name != "eval":
-            plot_metrics(metrics, stage_dir / "plots" / f"{name}_curves.png", title=f"{name} (interrupted)")
+        files = StageDir(stage_dir)
+        if is_main() and files.metrics.is_file() and name != "eval":
+            plot_metrics(files.metrics, files.curves(name), title=f"{name} (interrupted)")
         if stage_dir.is_dir():
             write_partial_summary(name, stage_dir)
         raise
@@ -76,8 +77,9 @@ def finished_stage(name: str, stage_dir: Path, cfg: RunConfig, changes: dict[str
     """A --resume of a stage that finished: its summary.json as it is (nothing runs again)."""
     changed = [k for k in changes if k != "allow_untrained_stage"]  # that one is read here
     ignored = f"; the changed settings ({', '.join(changed)}) do not apply to it" if changed else ""
-    print(f"jaxswe: == {name} finished before ({stage_dir / 'summary.json'}){ignored}", file=sys.stderr)
-    return check_trained(read_json(stage_dir / "summary.json"), cfg)
+    summary = StageDir(stage_dir).summary
+    print(f"jaxswe: == {name} finished before ({summary}){ignored}", file=sys.stderr)
+    return check_trained(read_json(summary), cfg)
 
 
 def check_trained(summary: dict[str, Any], cfg: RunConfig) -> dict[str, Any]:
@@ -185,18 +187,18 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, An
     previous = cfg.init_from
     for name in cfg.stages:
         stage_dir = run_dir / name
-        done = stage_dir / "summary.json"
+        done = StageDir(stage_dir).summary
         if resume and done.is_file():
             summary = check_trained(read_json(done), cfg)
         else:
             summary = run_stage(name, cfg, stage_dir, init_from=previous, resume=resume)
         summaries.append(summary)
-        write_json(run_dir / "summary.json", {"stages": summaries})
+        write_json(StageDir(run_dir).summary, {"stages": summaries})
         if name != "eval":
             previous = str(stage_dir)
     out = {"stages": summaries, "paired": paired_comparisons(run_dir, cfg.stages)}
     if cfg.eval.heldout:
-        out["paired_heldout"] = paired_comparisons(run_dir, cfg.stages, report="heldout_eval.json")
+        out["paired_heldout"] = paired_comparisons(run_dir, cfg.stages, report="heldout_eval")
     for held, p in [("", p) for p in out["paired"]] + [
         (" held-out", p) for p in out.get("paired_heldout", [])
     ]:
@@ -211,22 +213,20 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, An
             f"over {unit})",
             file=sys.stderr,
         )
-    write_json(run_dir / "summary.json", out)
+    write_json(StageDir(run_dir).summary, out)
     return out
 
 
-def paired_comparisons(
-    run_dir: Path, stages: list[str], report: str = "final_eval.json"
-) -> list[dict[str, Any]]:
+def paired_comparisons(run_dir: Path, stages: list[str], report: str = "final_eval") -> list[dict[str, Any]]:
     """Each evaluated training stage against the previous one (the eval.after_stage evaluations,
-    `report`: final_eval.json, or heldout_eval.json for the eval.heldout tasks): paired over the
+    `report`: final_eval, or heldout_eval for the eval.heldout tasks): paired over the
     tasks (tasks as the unit: would it hold on other tasks like these?) and, under `these_tasks`,
     on exactly these tasks (episodes as the unit): pair by pair where both reports hold each
     sample's outcome (the after-stage evals share their sampling seeds), else as independent
     samples (`method` says which)."""
     per_task = {}
     for name in stages:
-        path = run_dir / name / report
+        path = StageDir(run_dir / name).eval_report(report)
         if name != "eval" and path.is_file():
             per_task[name] = read_json(path)["per_task"]
     rates = {n: {t: r["rate"] for t, r in v.items()} for n, v in per_task.items()}

@@ -35,6 +35,7 @@ class StageContext:
     make_env: EnvFactory
     heldout_ids: list[str] = field(default_factory=list)  # eval.heldout: evaluated, never trained on
     backend: Backend | None = None
+    init_from: str | None = None  # the stage or --init-from it starts from (None: cfg.init_from or new)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -172,6 +173,7 @@ def open_stage(
         eval_ids=eval_ids,
         make_env=env_factory(cfg, list(by_id.values())),
         heldout_ids=[t.instance_id for t in heldout],
+        init_from=init_from,
     )
 
 

@@ -16,9 +16,9 @@ from jaxswe.rl.strength import strength_line
 from jaxswe.run.files import read_json, write_json
 from jaxswe.run.layout import StageDir
 from jaxswe.run.plots import plot_metrics
-from jaxswe.stages.context import check_inputs, ensure_backend, open_stage
+from jaxswe.stages.context import check_inputs, open_stage
 from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference, paired_outcome_difference
-from jaxswe.stages.evaluate import run_eval_stage
+from jaxswe.stages.evaluate import eval_weights, run_eval
 from jaxswe.stages.finish import finish_stage
 from jaxswe.stages.rft import run_rft
 from jaxswe.stages.rl import run_rl
@@ -29,7 +29,6 @@ from jaxswe.stages.stage_io import (
     record_config,
     write_partial_summary,
 )
-from jaxswe.stages.toy import is_toy
 from jaxswe.stages.warmstart import build_policy, run_warmstart
 
 STAGES = ("warmstart", "rft", "rl", "eval")
@@ -101,23 +100,6 @@ def check_trained(summary: dict[str, Any], cfg: RunConfig) -> dict[str, Any]:
     )
 
 
-def eval_weights(cfg: RunConfig, init_from: str | None) -> str:
-    """What an eval stage evaluates, in words; a random init only with eval.allow_random_init."""
-    init_from = init_from or cfg.init_from
-    if init_from:
-        return str(init_from)
-    if cfg.model.path:
-        return f"model.path {cfg.model.path}"
-    if not cfg.eval.allow_random_init:
-        raise UserError(
-            "eval has no trained weights to evaluate: pass --init-from (a stage or run dir), "
-            "a --run-dir holding a trained stage, or model.path; "
-            "--set eval.allow_random_init=true evaluates a random init"
-        )
-    model = "the toy model" if is_toy(cfg) else f"model.preset {cfg.model.preset}"
-    return f"random init of {model} (model.seed {cfg.model.seed})"
-
-
 def _run_stage(
     name: str, cfg: RunConfig, stage_dir: Path, *, init_from: str | None, resume: bool
 ) -> dict[str, Any]:
@@ -141,15 +123,10 @@ def _run_stage(
         _banner(name, stage_dir, init_from)
         summary = run_rl(ctx, history_from=source, resume=resume)
     elif name == "eval":
-        weights = eval_weights(cfg, init_from)
+        weights = eval_weights(cfg, init_from)  # refuses a random init before anything is written
         ctx = open_stage(cfg, stage_dir, init_from=init_from)
         print(f"jaxswe: == eval of {weights} -> {stage_dir}", file=sys.stderr, flush=True)
-        ensure_backend(ctx)
-        report = run_eval_stage(ctx)
-        keys = ("pass_at_1", "pass_at_1_ci95", "num_tasks", "num_episodes", "ended_by", "mean_turns")
-        summary = {"name": "eval", "weights": weights, **{k: report[k] for k in keys}}
-        summary.update({k: v for k, v in report.items() if k.startswith("pass_at_") or k == "task_strength"})
-        summary = finish_stage(ctx, summary)
+        summary = finish_stage(ctx, *run_eval(ctx, resume=resume))
     else:
         raise UserError(f"unknown stage {name!r}; choose one of {STAGES}")
     minutes, seconds = divmod(int(time.monotonic() - start), 60)

@@ -34,7 +34,7 @@ def test_group_advantages_drop_and_exclude():
     rewards = [[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
     infra = [[False] * 4, [False] * 4, [False, False, True, True], [False, True, True, True]]
     res = compute_group_advantages(rewards, infra)
-    assert res.kept == [True, False, True, False]
+    assert res.informative == [True, False, True, False]
     assert res.infra_failures == 5
     np.testing.assert_allclose(res.advantages[0], [1, -1, -1, 1], atol=1e-5)
     # excluded members get 0 and do not enter the mean/std
@@ -43,7 +43,7 @@ def test_group_advantages_drop_and_exclude():
     g = np.array([1.0, 0, 0, 1])
     ref = (g - g.mean()) / (g.std() + 1e-6)
     np.testing.assert_allclose(res.advantages[0], ref, rtol=1e-5)
-    st = advantage_stats(res, res.kept)
+    st = advantage_stats(res, res.informative)
     assert st["adv_max"] == pytest.approx(1, abs=1e-5) and st["adv_min"] == pytest.approx(-1, abs=1e-5)
     # only the groups that train count (dynamic sampling's limit, the staleness bound)
     assert advantage_stats(res, [False, False, True, False])["adv_mean"] == pytest.approx(0, abs=1e-6)
@@ -68,7 +68,7 @@ def test_synchronous_scoring_trains_the_first_informative_groups():
     scorer = Scorer(threshold=2, max_turns=4, limit=1, k=0)
     scored = scorer.score(groups, version=0)
     assert scored.rewards[1] == [1.0, -0.5] and scored.rewards[0] == [1.0, 1.0]
-    assert scored.result.kept == [False, True, True] and scored.trained == [False, True, False]
+    assert scored.result.informative == [False, True, True] and scored.trained == [False, True, False]
     np.testing.assert_allclose(scored.result.advantages[1], [1, -1], atol=1e-5)
     np.testing.assert_allclose(scored.result.advantages[2], [1, -1, 0], atol=1e-5)
     assert scored.result.infra_failures == 1 and scored.min_version is None and scored.staleness == {}
@@ -87,7 +87,7 @@ def test_async_scoring_leaves_out_stale_groups_and_measures_the_trained_tokens()
     mixed = [_episode(True, [-1, 1, 3]), _episode(False, [-1, 2])]
     scorer = Scorer(threshold=10, max_turns=40, limit=2, k=1)
     scored = scorer.score([fresh, stale, mixed], version=3)
-    assert scored.result.kept == [True, True, True] and scored.trained == [True, False, True]
+    assert scored.result.informative == [True, True, True] and scored.trained == [True, False, True]
     assert scored.min_version == 2 and [scorer.candidate(g, 3) for g in (fresh, stale, mixed)] == [
         True,
         False,

@@ -36,7 +36,7 @@ class GroupResult:
     """Advantages of one iteration, aligned with the [P][G] input lists."""
 
     advantages: list[list[float]]  # 0.0 for excluded members and in uninformative groups
-    kept: list[bool]  # per group: informative
+    informative: list[bool]  # per group
     infra_failures: int
 
 
@@ -54,22 +54,22 @@ def compute_group_advantages(
     if len(rewards) != len(infra_failed):
         raise ValueError("rewards and infra_failed must list the same groups")
     advantages: list[list[float]] = []
-    kept: list[bool] = []
+    informative_groups: list[bool] = []
     for r_g, bad_g in zip(rewards, infra_failed, strict=True):
         if len(r_g) != len(bad_g):
             raise ValueError("each group needs one infra flag per reward")
         adv = [0.0] * len(r_g)
-        keep = informative(r_g, bad_g)
-        if keep:
+        compares = informative(r_g, bad_g)
+        if compares:
             scored = [i for i, bad in enumerate(bad_g) if not bad]
             r_1g = np.asarray([[r_g[i] for i in scored]], np.float32)
             a_1g = np.asarray(group_advantages(r_1g, scale_by_std=scale_by_std))[0]
             for i, a in zip(scored, a_1g, strict=True):
                 adv[i] = float(a)
         advantages.append(adv)
-        kept.append(keep)
+        informative_groups.append(compares)
     failures = sum(sum(bad_g) for bad_g in infra_failed)
-    return GroupResult(advantages=advantages, kept=kept, infra_failures=failures)
+    return GroupResult(advantages=advantages, informative=informative_groups, infra_failures=failures)
 
 
 def judge(
@@ -247,10 +247,10 @@ class Scorer:
         rewards = [self.rewards(g) for g in groups]
         result = judge(groups, rewards, self.scale_by_std)
         if not self.k:
-            return Scored(groups, rewards, result, first_trained(result.kept, self.limit))
+            return Scored(groups, rewards, result, first_trained(result.informative, self.limit))
         min_version = version - self.k
         fresh = [trainable(g, min_version, self.stale_tokens) for g in groups]
-        candidates = [a and b for a, b in zip(result.kept, fresh, strict=True)]
+        candidates = [a and b for a, b in zip(result.informative, fresh, strict=True)]
         trained = first_trained(candidates, self.limit)
         stats = staleness_stats(groups, trained, version, self.k, self.stale_tokens)
         staleness = {"groups_stale": len(fresh) - sum(fresh), **stats}

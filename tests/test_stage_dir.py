@@ -18,6 +18,7 @@ def _names(stage: StageDir) -> list[str]:
     paths = [getattr(stage, n) for n in properties]
     paths += [stage.episodes("samples"), stage.iteration_episodes(7), stage.eval_report("final_eval")]
     paths += [stage.eval_table("final_eval"), stage.curves("rl"), stage.eval_plot("final_eval")]
+    paths += [stage.eval_dir("final_eval")]
     return [str(p.relative_to(stage.path)) for p in paths]
 
 
@@ -30,7 +31,7 @@ def test_the_documented_layout_lists_every_file_a_stage_dir_holds(tmp_path):
     patterns = {"trajectories/iter_0007.jsonl": "trajectories/iter_NNNN.jsonl",
                 "trajectories/samples.jsonl": "trajectories/NAME.jsonl", "final_eval.json": "NAME.json",
                 "final_eval_table.txt": "NAME_table.txt", "plots/rl_curves.png": "plots/STAGE_curves.png",
-                "plots/final_eval.png": "plots/NAME.png"}  # fmt: skip
+                "plots/final_eval.png": "plots/NAME.png", "final_eval": "NAME/metrics.jsonl"}  # fmt: skip
     inside = {name.split("/")[0] for name in shown if "/" in name}  # folders shown by their files
     missing = [n for n in names if patterns.get(n, n) not in shown | inside]
     assert not missing, f"not in docs/architecture.md's stage-dir layout: {missing}"

@@ -214,6 +214,7 @@ class Scorer:
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> Scorer:
+        """The scorer of a run's settings."""
         rl = cfg.rl
         return cls(
             threshold=rl.turn_penalty_threshold,
@@ -233,13 +234,11 @@ class Scorer:
     def candidate(self, group: list[Trajectory], version: int) -> bool:
         """Whether `group` may train when the trainer holds policy `version`: informative, and at
         k > 0 some token of it trains (raises when its tokens carry no version)."""
-        infra = [e.infra_error is not None for e in group]
+        compares = informative(self.rewards(group), [e.infra_error is not None for e in group])
         if not self.k:
-            return informative(self.rewards(group), infra)
+            return compares
         check_versioned(group)
-        return informative(self.rewards(group), infra) and trainable(
-            group, version - self.k, self.stale_tokens
-        )
+        return compares and trainable(group, version - self.k, self.stale_tokens)
 
     def score(self, groups: list[list[Trajectory]], version: int) -> Scored:
         """`groups` (in draw order) scored for the trainer at policy `version`: of the informative

@@ -77,6 +77,11 @@ class StageDir:
         return self.path / "weights"
 
     @property
+    def tokenizer(self) -> Path:
+        """The tokenizer a warmstart (or the toy model) builds, unless model.tokenizer is set."""
+        return self.path / "tokenizer"
+
+    @property
     def trajectories(self) -> Path:
         return self.path / "trajectories"
 
@@ -100,6 +105,11 @@ class StageDir:
     def eval_report(self, name: str) -> Path:
         """An eval's report (eval, final_eval, heldout_eval)."""
         return self.path / f"{name}.json"
+
+    def eval_dir(self, name: str) -> Path:
+        """Where an eval's metrics row and trackers go: the stage dir of an eval stage, its own
+        folder for the evals at a training stage's end (final_eval, heldout_eval)."""
+        return self.path if name == "eval" else self.path / name
 
     def eval_table(self, name: str) -> Path:
         """An eval's report as a text table."""

@@ -104,7 +104,7 @@ def run_eval_stage(
     files = StageDir(stage_dir)
     save_jsonl(files.episodes(name), episodes)
     write_json(files.eval_report(name), report)
-    where = stage_dir / name if name != "eval" else stage_dir
+    where = files.eval_dir(name)
     metrics = MetricsLogger(where, trackers=stage_trackers(cfg, where, name))
     row = {k: v for k, v in report.items() if isinstance(v, int | float)}
     metrics.log(0, {**row, "pass_rate": report["pass_at_1"]})

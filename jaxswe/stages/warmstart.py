@@ -130,7 +130,7 @@ def build_policy(cfg: RunConfig, stage_dir: Path, tasks: list[Any], make_env: An
         raise UserError("the warmstart stage needs model.preset (it trains a model from scratch)")
     tok_dir = cfg.model.tokenizer
     if not tok_dir:
-        tok_dir = str(stage_dir / "tokenizer")
+        tok_dir = str(StageDir(stage_dir).tokenizer)
         if is_main() and not (Path(tok_dir) / "tokenizer.json").is_file():
             texts = corpus_texts(cfg, tasks, make_env)
             build_tokenizer(texts, cfg.warmstart.vocab_size, tok_dir)

@@ -270,7 +270,7 @@ class RLSection(Section):
     # async RL (jaxswe.rl.pump): groups are sampled up to this many policy versions ahead of the
     # trainer; 0 = the paper's synchronous loop
     max_staleness: int = Field(0, ge=0)
-    # k > 0: how a token more than max_staleness versions old trains (jaxswe.rl.train.within_staleness)
+    # k > 0: how a token more than max_staleness versions old trains (jaxswe.rl.groups.trains)
     stale_tokens: Literal["drop", "trajectory", "keep"] = "drop"
     entropy_coef: float = Field(0.0, ge=0)  # entropy bonus on trained tokens; not in DAPO, 0 = off
     # the loss of every token of negative advantage is scaled by this (1: the paper's DAPO; 0: failures

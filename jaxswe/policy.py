@@ -27,10 +27,9 @@ from jaxswe.model.orbax_io import PARAMS_DIR, load_params_orbax
 from jaxswe.model.params import init_params
 from jaxswe.run.checkpoint import Checkpoints, find_checkpoint_dir
 from jaxswe.run.files import read_json, write_json
+from jaxswe.run.layout import TOKENIZER_MAIN, StageDir
 from jaxswe.train.state import abstract_params
 from jaxswe.train.trainer import params_placement
-
-MODEL_FILE = "model.json"  # in every stage dir: the model's HF config and its tokenizer dir
 
 
 @dataclass
@@ -97,7 +96,7 @@ def context_warning(model_cfg: Qwen2Config, cfg: RunConfig) -> str | None:
 
 def write_model_file(stage_dir: Path, policy: Policy) -> None:
     write_json(  # process 0 only, like every stage file
-        stage_dir / MODEL_FILE,
+        StageDir(stage_dir).model,
         {"hf_config": policy.model_cfg.to_hf_dict(), "tokenizer": str(Path(policy.tokenizer_dir).absolute())},
     )
 
@@ -106,7 +105,7 @@ def load_tokenizer(path: str | Path) -> Any:
     from transformers import AutoTokenizer  # transformers is slow to import: only when used
 
     path = Path(path)
-    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+    if not any((path / name).is_file() for name in TOKENIZER_MAIN):
         raise UserError(f"{path}: no tokenizer found (tokenizer.json); set model.tokenizer")
     return AutoTokenizer.from_pretrained(str(path))
 
@@ -139,9 +138,11 @@ def load_policy(path: str | Path, cfg: RunConfig | None = None, *, dtype: str = 
     if (path / "config.json").is_file():  # dtype: compute; param_dtype: masters
         return policy(*load_hf(path, shardings=placement, **knobs), path)
     ckpt_dir = find_checkpoint_dir(path)  # a stage dir or its checkpoints/, else one clear error
-    model_file = ckpt_dir.parent / MODEL_FILE
+    model_file = StageDir(ckpt_dir.parent).model
     if not model_file.is_file():
-        raise UserError(f"{ckpt_dir.parent}: no {MODEL_FILE} next to the checkpoints; not a jaxswe stage dir")
+        raise UserError(
+            f"{ckpt_dir.parent}: no {model_file.name} next to the checkpoints; not a jaxswe stage dir"
+        )
     meta = read_json(model_file)
     model_cfg = Qwen2Config.from_hf_dict(meta["hf_config"], **knobs)
     shapes = abstract_params(model_cfg)

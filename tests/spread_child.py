@@ -59,9 +59,9 @@ def main() -> None:
         pump = RolloutPump(ctx, DataOrder())
         out = []
         for step in (1, 2):
-            c, _ = await pump.take(step)
+            s = (await pump.take(step))[0].scored
             out.append([[g[0].task_id, [e.messages[2]["content"] for e in g], r, k]
-                        for g, r, k in zip(c.groups, c.rewards, c.kept, strict=True)])  # fmt: skip
+                        for g, r, k in zip(s.groups, s.rewards, s.trained, strict=True)])  # fmt: skip
         return out, pump.spread
 
     groups, spread = asyncio.run(takes())

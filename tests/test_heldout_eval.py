@@ -38,7 +38,7 @@ def test_paired_comparisons_read_the_named_report(tmp_path):
     report("rl", "heldout_eval.json", {"h": 1})
     stages = ["rft", "rl", "eval"]
     (train,) = paired_comparisons(tmp_path, stages)
-    (held,) = paired_comparisons(tmp_path, stages, report="heldout_eval.json")
+    (held,) = paired_comparisons(tmp_path, stages, report="heldout_eval")
     assert (train["before"], train["after"], train["num_tasks"]) == ("rft", "rl", 2)
     assert train["diff"] == pytest.approx(0.5) and train["these_tasks"]["significant"]
     assert (held["num_tasks"], held["diff"]) == (1, 0.0) and not held["these_tasks"]["significant"]

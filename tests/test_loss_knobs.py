@@ -10,8 +10,7 @@ import pytest
 from jaxswe import losses
 from jaxswe.agent.trajectory import Trajectory, Turn
 from jaxswe.config import RLSection, RunConfig
-from jaxswe.rl.pump import Collected
-from jaxswe.rl.rewards import compute_group_advantages
+from jaxswe.rl.groups import Scored, compute_group_advantages
 from jaxswe.rl.train import StepsWarning, training_sequences
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
@@ -144,7 +143,7 @@ def test_format_error_turns_leave_the_loss_as_configured(jit, mode):
     groups = [[_episode(True, 1), _episode(False, 1)]]
     rewards = [[1.0, 0.0]]
     result = compute_group_advantages(rewards, [[False, False]])
-    c = Collected(groups, rewards, result, kept=[True])
+    c = Scored(groups, rewards, result, trained=[True])
     seqs, dropped = training_sequences(c, mask_format_errors=mode)
     assert not dropped and [s.advantage for s in seqs] == pytest.approx([1.0, -1.0], rel=1e-5)
     sampled = np.array(groups[0][0].loss_mask, np.float32)

@@ -189,7 +189,7 @@ def test_stale_tokens_are_not_trained_and_staleness_is_measured():
     tokens (an all-stale trajectory is not packed, its outcome still in the advantages);
     staleness_stats describes the trained tokens and the stale fraction left out."""
     from jaxswe.errors import UserError
-    from jaxswe.rl.pump import Collected, check_versioned, judge, staleness_stats, trainable
+    from jaxswe.rl.groups import Scored, check_versioned, judge, staleness_stats, trainable
     from jaxswe.rl.train import training_sequences
 
     def ep(versions, resolved):
@@ -216,7 +216,7 @@ def test_stale_tokens_are_not_trained_and_staleness_is_measured():
 
     groups = [spans, [ep([-1, 1, 1], True), ep([-1, 3], False)]]
     rewards = [[1.0, 0.0], [1.0, 0.0]]
-    c = Collected(groups, rewards, judge(groups, rewards), [True, True], min_version=2)
+    c = Scored(groups, rewards, judge(groups, rewards), [True, True], min_version=2)
     seqs, dropped = training_sequences(c)
     assert dropped == [] and len(seqs) == 3  # the all-stale trajectory of the second group is left out
     np.testing.assert_array_equal(seqs[0].loss_mask, [0, 0, 1, 0, 1])
@@ -302,9 +302,9 @@ def test_a_take_trains_its_groups_in_draw_order_whatever_finished_first():
         return collected
 
     collected = asyncio.run(take())
-    tasks = [g[0].task_id for g in collected.groups]
+    tasks = [g[0].task_id for g in collected.scored.groups]
     assert tasks == ["drawn first, done second", "drawn second, done first"]
-    assert collected.kept == [True, True] and collected.min_version == -1
+    assert collected.scored.trained == [True, True] and collected.scored.min_version == -1
 
 
 def test_sampling_check_reports_nothing_when_every_token_is_stale():

@@ -17,7 +17,8 @@ import pytest
 from jaxswe.cli import main
 from jaxswe.config import config_from_dict
 from jaxswe.errors import UserError
-from jaxswe.stages.stages import check_trained, eval_weights
+from jaxswe.stages.evaluate import eval_weights
+from jaxswe.stages.stages import check_trained
 
 ROOT = Path(__file__).parent.parent
 TOY = str(ROOT / "configs" / "toy-rl.yaml")

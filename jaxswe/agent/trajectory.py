@@ -10,7 +10,6 @@ are the ids the rollout engine saw and sampled.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import numpy as np
 from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
 from jaxswe.packing import Sequence
+from jaxswe.run.files import write_text_atomic
 
 ENDED_BY = ("submitted", "max_turns", "context", "error")
 _PLACEHOLDER = "\u2063JAXSWE_SLOT\u2063"
@@ -273,13 +273,7 @@ def save_jsonl(path: str | Path, trajectories: list[Trajectory]) -> None:
     only."""
     if not is_main():
         return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        for traj in trajectories:
-            f.write(json.dumps(traj.to_json(), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, (json.dumps(t.to_json(), ensure_ascii=False) + "\n" for t in trajectories))
 
 
 def load_jsonl(path: str | Path) -> list[Trajectory]:

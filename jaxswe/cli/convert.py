@@ -7,8 +7,7 @@ from pathlib import Path
 
 import typer
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                    "special_tokens_map.json", "generation_config.json")  # fmt: skip
+from jaxswe.run.layout import GENERATION_CONFIG, TOKENIZER_FILES
 
 
 def register(app: typer.Typer) -> None:
@@ -49,7 +48,7 @@ def convert(
         config = read_hf_config(src)
         params = load_params_orbax(src, config)
         save_hf(dst, config, params, dtype=dtype, max_shard_bytes=int(max_shard_gb * 1024**3))
-    for name in _TOKENIZER_FILES:
+    for name in (*TOKENIZER_FILES, GENERATION_CONFIG):
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
     typer.echo(f"wrote {to} checkpoint to {dst}")

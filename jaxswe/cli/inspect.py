@@ -34,19 +34,17 @@ def inspect(
     its path."""
     from jaxswe.cli.report import load_stage, read_json, render_report
     from jaxswe.errors import UserError
-    from jaxswe.run.layout import stage_dirs
+    from jaxswe.run.files import write_text_atomic
+    from jaxswe.run.layout import StageDir, stage_dirs
 
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: not a directory (expected a run dir or a stage dir)")
     stages = stage_dirs(run_dir)
     if not stages:
         raise UserError(f"{run_dir}: no stage found (expected a run dir or a stage dir)")
-    run_summary = read_json(run_dir / "summary.json") if stages != [run_dir] else None  # a pipeline's
+    run_summary = read_json(StageDir(run_dir).summary) if stages != [run_dir] else None  # a pipeline's
     loaded = [load_stage(s, episodes=episodes, files=files) for s in stages]
     html = render_report(f"jaxswe run: {run_dir.absolute()}", loaded, run_summary, max_chars=max_chars)
-    target = out or run_dir / "report.html"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(target)
+    target = out or StageDir(run_dir).report
+    write_text_atomic(target, html)
     typer.echo(str(target))

@@ -19,6 +19,7 @@ import yaml
 
 from jaxswe.agent.commands import Command, UsageError, parse_action
 from jaxswe.agent.trajectory import Trajectory, TrajectoryError, load_jsonl
+from jaxswe.run.layout import StageDir
 from jaxswe.run.metrics import read_rows
 from jaxswe.run.plots import MAIN_CURVES
 
@@ -112,7 +113,7 @@ def read_task_records(stage_dir: Path, task_ids: set[str]) -> tuple[dict[str, Ta
     from envs.errors import EnvError
 
     config = None
-    for path in (stage_dir / "config.yaml", stage_dir.parent / "config.yaml"):
+    for path in (StageDir(stage_dir).config, StageDir(stage_dir.parent).config):
         try:
             config = yaml.safe_load(path.read_text())
             break
@@ -133,15 +134,15 @@ def read_task_records(stage_dir: Path, task_ids: set[str]) -> tuple[dict[str, Ta
 def load_stage(stage_dir: Path, *, episodes: int, files: int) -> Stage:
     """A stage dir's summary, metrics rows, eval reports, trajectory files (`files` of them spread
     over the run, `episodes` episodes each) and the records of the tasks they show."""
-    stage_dir = Path(stage_dir)
+    stage_dir, stage = Path(stage_dir), StageDir(stage_dir)
     # summary.json when the stage finished, else an interrupted one's (jaxswe.stages.stage_io)
-    summary = read_json(stage_dir / "summary.json") or read_json(stage_dir / "summary_partial.json")
+    summary = read_json(stage.summary) or read_json(stage.partial_summary)
     evals = {}
     for name in ("eval", "final_eval"):
-        report = read_json(stage_dir / f"{name}.json")
+        report = read_json(stage.eval_report(name))
         if isinstance(report, dict):
             evals[name] = report
-    paths = sorted((stage_dir / "trajectories").glob("*.jsonl"))
+    paths = sorted(stage.trajectories.glob("*.jsonl"))
     shown = [read_trajectory_file(paths[i], episodes) for i in pick_spread(len(paths), files)]
     task_ids = {t.task_id for f in shown for t in f.episodes}
     task_ids |= {t for r in evals.values() if isinstance(r.get("per_task"), dict) for t in r["per_task"]}
@@ -150,7 +151,7 @@ def load_stage(stage_dir: Path, *, episodes: int, files: int) -> Stage:
         name=(summary or {}).get("name") or stage_dir.name,
         path=str(stage_dir),
         summary=summary if isinstance(summary, dict) else None,
-        rows=read_rows(stage_dir / "metrics.jsonl"),
+        rows=read_rows(stage.metrics),
         evals=evals,
         files=shown,
         files_total=len(paths),

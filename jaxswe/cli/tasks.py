@@ -131,6 +131,7 @@ def filter_(
     (with --no-tests only stored strengths count)."""
     from envs import filter_tasks
     from envs.strength import filter_by_strength
+    from jaxswe.run.files import write_text_atomic
 
     tasks, backends = _load(file)
     if backend not in backends:
@@ -151,9 +152,7 @@ def filter_(
                   f"{', '.join(unmeasured)}", file=sys.stderr)  # fmt: skip
     for instance_id, reason in dropped.items():
         print(json.dumps({"instance_id": instance_id, "dropped": reason}))
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(json.dumps(t.to_record()) + "\n" for t in kept))
-    tmp.replace(out)  # nothing half-written
+    write_text_atomic(out, "".join(json.dumps(t.to_record()) + "\n" for t in kept))  # nothing half-written
     print(f"kept {len(kept)} of {len(tasks)} tasks -> {out}", file=sys.stderr)
 
 

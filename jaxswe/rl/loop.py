@@ -31,15 +31,16 @@ from jaxswe.distributed import broadcast, is_main
 from jaxswe.errors import UserError
 from jaxswe.losses import LossSettings
 from jaxswe.policy import Policy
+from jaxswe.rl.groups import advantage_stats
 from jaxswe.rl.inputs import RLRun
 from jaxswe.rl.problems import DataOrder, History, filter_by_history, load_history, record_outcomes
 from jaxswe.rl.pump import Collected, RolloutPump
-from jaxswe.rl.rewards import advantage_stats
 from jaxswe.rl.strength import strength_pool
 from jaxswe.rl.train import StepsWarning, prepare, update_metrics
 from jaxswe.run import loops
 from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.files import write_json
+from jaxswe.run.layout import StageDir
 from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger, read_rows
 from jaxswe.run.progress import Progress
@@ -97,37 +98,39 @@ async def rl_iteration(
     train.update(update_metrics(steps, dists, step_metrics, time.perf_counter() - t1))
     c.timings["time_train_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    await rl_run.backend.sync_weights(rl_run.trainer.params, rl_run.stage_dir / "weights", version=step)
+    files = StageDir(rl_run.stage_dir)
+    await rl_run.backend.sync_weights(rl_run.trainer.params, files.weights, version=step)
     c.timings["time_weight_sync_s"] = time.perf_counter() - t0
     history = record_outcomes(
-        history, [(g[0].task_id, [e.resolved for e in g if e.infra_error is None]) for g in c.groups]
+        history, [(g[0].task_id, [e.resolved for e in g if e.infra_error is None]) for g in c.scored.groups]
     )
     row = {**iteration_row(c, train), "time_iteration_s": time.perf_counter() - t_iter}
-    save_jsonl(rl_run.stage_dir / "trajectories" / f"iter_{step:04d}.jsonl", episode_records(c))
+    save_jsonl(files.iteration_episodes(step), episode_records(c))
     meta = {"iteration": step, "seed": rl_run.cfg.seed, "data_order": order.to_json(), "history": history,
             "metrics_row": row}  # fmt: skip
     if step % rl_run.cfg.rl.checkpoint_every == 0 or step == rl_run.cfg.rl.iterations:
         # commits while the next iteration runs
         rl_run.checkpoints.save(step, rl_run.trainer.state(), meta, wait=False)
-    write_json(rl_run.stage_dir / "history.json", history)
+    write_json(files.history, history)
     metrics.log(step, row)
     return row, history
 
 
 def iteration_row(c: Collected, train: dict[str, Any]) -> dict[str, Any]:
     """The metrics row of one iteration (but its total time)."""
-    all_eps = [e for g in c.groups for e in g]
+    s = c.scored
+    all_eps = [e for g in s.groups for e in g]
     generated = sum(e.num_generated for e in all_eps)
-    flat_rewards = [r for g, rg in zip(c.groups, c.rewards, strict=True) for e, r in zip(g, rg, strict=True)
+    flat_rewards = [r for g, rg in zip(s.groups, s.rewards, strict=True) for e, r in zip(g, rg, strict=True)
                     if e.infra_error is None]  # fmt: skip
     return {
         "reward_mean": float(np.mean(flat_rewards)) if flat_rewards else 0.0,
         **_episode_stats(all_eps),
-        **advantage_stats(c.result, c.kept),
-        "groups_total": len(c.groups),
-        "groups_kept": sum(c.kept),
+        **advantage_stats(s.result, s.trained),
+        "groups_total": len(s.groups),
+        "groups_kept": sum(s.trained),
         "resample_rounds": c.rounds,
-        "infra_failures": c.result.infra_failures,
+        "infra_failures": s.result.infra_failures,
         "tamper_flags": sum(e.tampered for e in all_eps),
         "tokens_generated": generated,
         "tokens_per_s": generated / max(c.timings["time_rollout_s"], 1e-9),
@@ -141,7 +144,8 @@ def episode_records(c: Collected) -> list[Trajectory]:
     """Every episode of the iteration with its shaped reward, advantage and whether its group
     trained (`Trajectory.stage`)."""
     out = []
-    for g, rg, ag, keep in zip(c.groups, c.rewards, c.result.advantages, c.kept, strict=True):
+    s = c.scored
+    for g, rg, ag, keep in zip(s.groups, s.rewards, s.result.advantages, s.trained, strict=True):
         for e, r, a in zip(g, rg, ag, strict=True):
             e.stage = {"shaped_reward": r, "advantage": a, "group_kept": keep}
             out.append(e)
@@ -167,7 +171,7 @@ def filter_tasks(
         drop_never_solved=rl.drop_never_solved,
     )
     print(f"jaxswe rl: task filter from {history_from}: {counts}", file=sys.stderr)
-    write_json(stage_dir / "task_filter.json", {**counts, "source": str(history_from), "pool": pool})
+    write_json(StageDir(stage_dir).task_filter, {**counts, "source": str(history_from), "pool": pool})
     if not pool:
         raise UserError(f"the task filter from {history_from} leaves no task to train on")
     return pool, counts
@@ -205,7 +209,7 @@ def iteration_line(step: int, iterations: int, row: dict[str, Any]) -> str:
 
 def rl_checkpoints(stage_dir: Path, *, resume: bool) -> Checkpoints:
     """The RL checkpoints of a stage dir; one that holds some already needs `resume`."""
-    ckpts = Checkpoints(stage_dir / "checkpoints", max_to_keep=2)
+    ckpts = Checkpoints(StageDir(stage_dir).checkpoints, max_to_keep=2)
     if ckpts.steps() and not resume:
         raise UserError(f"{stage_dir}: holds RL checkpoints already; pass --resume or use a new --run-dir")
     return ckpts
@@ -246,7 +250,8 @@ def train_rl(rl_run: RLRun, *, resume: bool) -> dict[str, Any]:
         try:
             if start > 0:
                 loops.run_in(
-                    runner, rl_run.backend.sync_weights(trainer.params, stage_dir / "weights", version=start)
+                    runner,
+                    rl_run.backend.sync_weights(trainer.params, StageDir(stage_dir).weights, version=start),
                 )
             pump = RolloutPump(rl_run, order)
             # one bar per run, not per process; no periodic lines: the per-iteration lines say it all

@@ -12,6 +12,7 @@ import numpy as np
 
 from jaxswe.errors import UserError
 from jaxswe.run.files import read_json
+from jaxswe.run.layout import StageDir
 
 History = dict[str, list[int]]  # task id -> outcome (1 resolved, 0 not) of every scored attempt
 
@@ -124,7 +125,7 @@ def filter_by_history(
 def load_history(path: str | Path) -> History:
     """The success history saved by an RL run (its dir, stage dir, or history.json)."""
     path = Path(path)
-    for candidate in (path, path / "history.json", path / "rl" / "history.json"):
+    for candidate in (path, StageDir(path).history, StageDir(path / "rl").history):
         if candidate.is_file():
             return {k: [int(x) for x in v] for k, v in read_json(candidate).items()}
     raise UserError(f"{path}: no success history (history.json) found; is it an RL run dir?")

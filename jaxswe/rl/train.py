@@ -1,7 +1,7 @@
 """The trainer's half of an RL iteration: pack -> recompute -> check sampling (`prepare`), then
 the updates (`jaxswe.rl.loop.rl_iteration`) and their metrics (`update_metrics`).
 
-The judged groups (jaxswe.rl.pump) become packed `TokenBatch` rows with the rollout's log-probs;
+The scored groups (jaxswe.rl.groups) become packed `TokenBatch` rows with the rollout's log-probs;
 the trainer recomputes the old log-probs before any update (the rollout-vs-trainer gap and the
 sampling-bias alarm read them), then takes one DAPO optimizer step per mini-batch, the off-policy
 correction computed inside the jitted loss.
@@ -17,19 +17,18 @@ import numpy as np
 
 from jaxswe.config import RLSection
 from jaxswe.packing import Sequence, TokenBatch, pack_sequences, pad_rows, split_rows
+from jaxswe.rl.groups import Scored, trained_tokens
 from jaxswe.rl.inputs import RLRun
-from jaxswe.rl.pump import Collected, trains
+from jaxswe.rl.pump import Collected
 from jaxswe.rollout.bias import BiasAlarm, sampling_bias
 from jaxswe.rollout.client import logprob_gap
 from jaxswe.train.trainer import Trainer
 
 
 def within_staleness(seq: Sequence, min_version: int, stale_tokens: str) -> Sequence | None:
-    """`seq` with only the tokens that train (jaxswe.rl.pump.trains) in its loss mask when
-    `min_version` is the oldest fresh policy version; None when none does."""
-    sampled = seq.loss_mask > 0
-    train = np.zeros_like(sampled)
-    train[sampled] = trains(np.asarray(seq.policy_versions)[sampled], min_version, stale_tokens)
+    """`seq` with only the tokens that train (jaxswe.rl.groups.trained_tokens) in its loss mask
+    when `min_version` is the oldest fresh policy version; None when none does."""
+    train = trained_tokens(seq.loss_mask, seq.policy_versions, min_version, stale_tokens)
     seq = replace(seq, loss_mask=seq.loss_mask * train)
     return seq if seq.loss_mask.any() else None
 
@@ -40,15 +39,15 @@ def masks_format_errors(mode: str, advantage: float) -> bool:
 
 
 def training_sequences(
-    c: Collected, stale_tokens: str = "drop", mask_format_errors: str = "never"
+    scored: Scored, stale_tokens: str = "drop", mask_format_errors: str = "never"
 ) -> tuple[list[Sequence], list[Sequence]]:
-    """(trained, dropped) sequences: the scored episodes of kept groups with their advantages, and
-    those of dropped groups (only checked for sampling bias). Format-error turns leave the loss
-    mask as RFT's (`Trajectory.rft_loss_mask`) where `masks_format_errors`. With `c.min_version`
+    """(trained, dropped) sequences: the scored episodes of trained groups with their advantages,
+    and those of the other groups (only checked for sampling bias). Format-error turns leave the loss
+    mask as RFT's (`Trajectory.rft_loss_mask`) where `masks_format_errors`. With `scored.min_version`
     (k > 0) stale tokens train as `stale_tokens` says (`within_staleness`); a trajectory left
     with no trained token is not packed, and its outcome still counts in its group's advantages."""
     seqs, dropped = [], []
-    for grp, adv_g, keep in zip(c.groups, c.result.advantages, c.kept, strict=True):
+    for grp, adv_g, keep in zip(scored.groups, scored.result.advantages, scored.trained, strict=True):
         for ep, adv in zip(grp, adv_g, strict=True):
             if ep.infra_error is not None:
                 continue
@@ -57,8 +56,8 @@ def training_sequences(
                 seq = replace(seq, loss_mask=ep.rft_loss_mask().astype(np.float32))
                 if not seq.loss_mask.any():
                     continue
-            if c.min_version is not None:
-                seq = within_staleness(seq, c.min_version, stale_tokens)
+            if scored.min_version is not None:
+                seq = within_staleness(seq, scored.min_version, stale_tokens)
                 if seq is None:
                     continue
             (seqs if keep else dropped).append(seq)
@@ -156,7 +155,7 @@ def prepare(rl_run: RLRun, c: Collected, step: int) -> tuple[list[TokenBatch], l
     stop leaves the weights untouched): the iteration's optimizer-step batches with the trainer's
     old log-probs, their `Dist`s, and the metrics so far."""
     rl, trainer = rl_run.cfg.rl, rl_run.trainer
-    seqs, dropped = training_sequences(c, rl.stale_tokens, rl.mask_format_errors)
+    seqs, dropped = training_sequences(c.scored, rl.stale_tokens, rl.mask_format_errors)
     rng = np.random.default_rng([rl_run.cfg.seed, step])
     steps, truncated = minibatches(seqs, rl, trainer.rows_multiple, rng) if seqs else ([], 0)
     steps, dists = recompute(trainer, steps)

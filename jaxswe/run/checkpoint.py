@@ -23,7 +23,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxswe.errors import UserError
-from jaxswe.run.layout import holds_checkpoint, newest_trained_stage
+from jaxswe.run.layout import StageDir, holds_checkpoint, newest_trained_stage
 
 
 class CheckpointError(UserError):
@@ -130,5 +130,5 @@ def find_checkpoint_dir(path: str | Path) -> Path:
     if stage is not None:
         if stage != path:
             print(f"jaxswe: {path} holds stages; using the newest, {stage.name}", file=sys.stderr)
-        return (stage / "checkpoints").absolute()
+        return StageDir(stage).checkpoints.absolute()
     raise CheckpointError(f"{path}: no checkpoint found (expected a run dir, a stage dir or checkpoints/)")

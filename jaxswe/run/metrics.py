@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from jaxswe.distributed import is_main
+from jaxswe.run.files import write_text_atomic
+from jaxswe.run.layout import StageDir
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -36,10 +38,7 @@ def truncate_after(path: str | Path, step: int) -> int:
     path = Path(path)
     rows = read_rows(path)
     kept = [r for r in rows if r.get("step", -1) <= step]
-    text = "".join(json.dumps(r) + "\n" for r in kept)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
     return len(rows) - len(kept)
 
 
@@ -66,7 +65,7 @@ class MetricsLogger:
         from jaxswe.run.loggers import TensorBoardTracker
 
         self.directory = Path(directory)
-        self.path = self.directory / "metrics.jsonl"
+        self.path = StageDir(self.directory).metrics
         self._trackers: list | None = None
         if not is_main():
             return

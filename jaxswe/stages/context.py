@@ -14,6 +14,7 @@ from jaxswe.errors import UserError
 from jaxswe.policy import Policy, load_tokenizer, write_model_file
 from jaxswe.rollout.backends import Backend, run_phase
 from jaxswe.rollout.types import SamplingParams
+from jaxswe.run.layout import StageDir
 from jaxswe.stages.runtime import check_servers, env_factory, load_pool, make_backend, resolve_policy
 from jaxswe.stages.stage_io import prepare_stage_dir
 from jaxswe.stages.toy import is_toy, toy_policy, toy_tasks
@@ -34,6 +35,7 @@ class StageContext:
     make_env: EnvFactory
     heldout_ids: list[str] = field(default_factory=list)  # eval.heldout: evaluated, never trained on
     backend: Backend | None = None
+    init_from: str | None = None  # the stage or --init-from it starts from (None: cfg.init_from or new)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -171,6 +173,7 @@ def open_stage(
         eval_ids=eval_ids,
         make_env=env_factory(cfg, list(by_id.values())),
         heldout_ids=[t.instance_id for t in heldout],
+        init_from=init_from,
     )
 
 
@@ -184,8 +187,10 @@ def ensure_backend(ctx: StageContext, params: Any | None = None) -> Backend:
         ctx.backend = make_backend(ctx.cfg, replace(ctx.policy, params=served))
         if ctx.cfg.rollout.engine != "embedded" or params is not None:
             run_phase(
-                ctx.backend, ctx.backend.sync_weights(served, ctx.stage_dir / "weights", version=version)
+                ctx.backend,
+                ctx.backend.sync_weights(served, StageDir(ctx.stage_dir).weights, version=version),
             )
     elif params is not None:
-        run_phase(ctx.backend, ctx.backend.sync_weights(params, ctx.stage_dir / "weights", version=version))
+        weights = StageDir(ctx.stage_dir).weights
+        run_phase(ctx.backend, ctx.backend.sync_weights(params, weights, version=version))
     return ctx.backend

@@ -4,25 +4,25 @@ ended, mean turns, a per-task table; written to the stage dir."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jaxswe.agent.episodes import collect_episodes
 from jaxswe.agent.trajectory import Trajectory, save_jsonl
 from jaxswe.config import RunConfig
 from jaxswe.distributed import is_main
+from jaxswe.errors import UserError
 from jaxswe.rl.strength import strength_summary
 from jaxswe.rollout.backends import run_phase
 from jaxswe.rollout.types import derive_seed
 from jaxswe.run.files import write_json
+from jaxswe.run.layout import StageDir
 from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.plots import plot_eval
 from jaxswe.run.progress import Progress
+from jaxswe.stages.context import StageContext, ensure_backend
 from jaxswe.stages.eval_stats import format_table, summarize
 from jaxswe.stages.toy import is_toy
-
-if TYPE_CHECKING:  # the context module imports this one
-    from jaxswe.stages.context import StageContext
 
 
 def report_from_episodes(episodes: list[Trajectory], ks: list[int]) -> dict[str, Any]:
@@ -101,14 +101,47 @@ def run_eval_stage(
     strength = task_strength(cfg, ctx.eval_ids if ids is None else ids)
     if strength is not None:
         report["task_strength"] = strength
-    save_jsonl(stage_dir / "trajectories" / f"{name}.jsonl", episodes)
-    write_json(stage_dir / f"{name}.json", report)
-    where = stage_dir / name if name != "eval" else stage_dir
+    files = StageDir(stage_dir)
+    save_jsonl(files.episodes(name), episodes)
+    write_json(files.eval_report(name), report)
+    where = files.eval_dir(name)
     metrics = MetricsLogger(where, trackers=stage_trackers(cfg, where, name))
     row = {k: v for k, v in report.items() if isinstance(v, int | float)}
     metrics.log(0, {**row, "pass_rate": report["pass_at_1"]})
     metrics.close()
     if is_main():
-        (stage_dir / f"{name}_table.txt").write_text(format_table(report) + "\n")
-        plot_eval(report, stage_dir / "plots" / f"{name}.png", title=f"{cfg.name}: {name}")
+        files.eval_table(name).write_text(format_table(report) + "\n")
+        plot_eval(report, files.eval_plot(name), title=f"{cfg.name}: {name}")
     return report
+
+
+def eval_weights(cfg: RunConfig, init_from: str | None) -> str:
+    """What an eval stage evaluates, in words; a random init only with eval.allow_random_init."""
+    init_from = init_from or cfg.init_from
+    if init_from:
+        return str(init_from)
+    if cfg.model.path:
+        return f"model.path {cfg.model.path}"
+    if not cfg.eval.allow_random_init:
+        raise UserError(
+            "eval has no trained weights to evaluate: pass --init-from (a stage or run dir), "
+            "a --run-dir holding a trained stage, or model.path; "
+            "--set eval.allow_random_init=true evaluates a random init"
+        )
+    model = "the toy model" if is_toy(cfg) else f"model.preset {cfg.model.preset}"
+    return f"random init of {model} (model.seed {cfg.model.seed})"
+
+
+def run_eval(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], None]:
+    """The eval stage: the report of the policy it starts from, as its summary (no params: it
+    trains nothing; a --resume of an unfinished eval evaluates again)."""
+    ensure_backend(ctx)
+    report = run_eval_stage(ctx)
+    keys = ("pass_at_1", "pass_at_1_ci95", "num_tasks", "num_episodes", "ended_by", "mean_turns")
+    summary = {
+        "name": "eval",
+        "weights": eval_weights(ctx.cfg, ctx.init_from),
+        **{k: report[k] for k in keys},
+    }
+    summary.update({k: v for k, v in report.items() if k.startswith("pass_at_") or k == "task_strength"})
+    return summary, None

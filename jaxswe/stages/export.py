@@ -16,11 +16,7 @@ from typing import Any
 
 from jaxswe.errors import UserError
 from jaxswe.policy import load_policy, load_tokenizer
-
-# Tokenizer and chat-template files copied next to the weights (those present in the tokenizer dir).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                   "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")  # fmt: skip
-GENERATION_CONFIG = "generation_config.json"
+from jaxswe.run.layout import TOKENIZER_FILES
 
 
 def eos_token_ids(tokenizer: Any) -> list[int]:

@@ -7,10 +7,10 @@ from typing import Any
 
 from jaxswe.distributed import barrier, is_main
 from jaxswe.run.files import write_json
+from jaxswe.run.layout import StageDir
 from jaxswe.run.plots import plot_metrics
 from jaxswe.stages.context import StageContext, ensure_backend
 from jaxswe.stages.evaluate import run_eval_stage
-from jaxswe.stages.stage_io import PARTIAL_SUMMARY
 
 
 def finish_stage(ctx: StageContext, summary: dict[str, Any], params: Any | None = None) -> dict[str, Any]:
@@ -25,16 +25,14 @@ def finish_stage(ctx: StageContext, summary: dict[str, Any], params: Any | None 
             held = run_eval_stage(ctx, name="heldout_eval", ids=ctx.heldout_ids, samples=samples)
             summary["heldout_pass_at_1"] = held["pass_at_1"]
             summary["heldout_pass_at_1_ci95"] = held["pass_at_1_ci95"]
-    metrics = ctx.stage_dir / "metrics.jsonl"
-    if is_main() and metrics.exists() and summary.get("name") != "eval":  # eval plots its bars itself
-        plot_metrics(
-            metrics, ctx.stage_dir / "plots" / f"{summary['name']}_curves.png", title=summary["name"]
-        )
+    files = StageDir(ctx.stage_dir)
+    if is_main() and files.metrics.exists() and summary.get("name") != "eval":  # eval plots its bars itself
+        plot_metrics(files.metrics, files.curves(summary["name"]), title=summary["name"])
     if ctx.backend is not None:
         asyncio.run(ctx.backend.close())
         ctx.backend = None
-    write_json(ctx.stage_dir / "summary.json", summary)
+    write_json(files.summary, summary)
     if is_main():
-        (ctx.stage_dir / PARTIAL_SUMMARY).unlink(missing_ok=True)  # an interrupted attempt's
+        files.partial_summary.unlink(missing_ok=True)  # an interrupted attempt's
     barrier(f"{summary['name']} finished")  # process 0's plots and files are done before anyone exits
     return summary

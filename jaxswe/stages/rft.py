@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +29,8 @@ from jaxswe.policy import Policy
 from jaxswe.rollout.backends import run_phase
 from jaxswe.rollout.types import derive_seed
 from jaxswe.run.checkpoint import Checkpoints
+from jaxswe.run.files import write_text_atomic
+from jaxswe.run.layout import StageDir
 from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.progress import Progress
@@ -74,9 +75,7 @@ def _read_samples(path: Path, slots: list[str]) -> dict[int, Trajectory]:
         done[slot] = episode
     if not is_main():
         return done
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(_sample_line(i, e) for i, e in sorted(done.items())))
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(_sample_line(i, e) for i, e in sorted(done.items())))
     return done
 
 
@@ -134,8 +133,8 @@ def collect_samples(ctx: StageContext, path: Path) -> list[Trajectory]:
 def run_rft(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], Any]:
     """Returns the stage summary and the trained params."""
     cfg, stage_dir = ctx.cfg, ctx.stage_dir
-    samples_path = stage_dir / "trajectories" / "samples.jsonl"
-    ckpt_dir = stage_dir / "checkpoints"
+    samples_path = StageDir(stage_dir).episodes("samples")
+    ckpt_dir = StageDir(stage_dir).checkpoints
     if not resume and is_main():
         samples_path.unlink(missing_ok=True)
     episodes = collect_samples(ctx, samples_path)

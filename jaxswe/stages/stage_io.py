@@ -15,21 +15,19 @@ from jaxswe.config import RunConfig, dump_config
 from jaxswe.distributed import is_main
 from jaxswe.errors import UserError
 from jaxswe.run.files import write_json
+from jaxswe.run.layout import StageDir
 from jaxswe.run.metrics import read_rows
 
 # Settings a resumed run cannot change: the checkpoints hold this model
 FIXED_ON_RESUME = ("model.preset", "model.overrides", "model.path", "init_from")
 
 
-PARTIAL_SUMMARY = "summary_partial.json"  # an interrupted stage's; summary.json means finished
-
-
 def write_partial_summary(name: str, stage_dir: Path) -> None:
     """An interrupted stage's summary so far: the step (RL: iteration) its metrics reached, that
     row, and the checkpoint step a --resume starts from (None: from the start); process 0 only."""
-    stage_dir = Path(stage_dir)
-    rows = read_rows(stage_dir / "metrics.jsonl")
-    ckpts = stage_dir / "checkpoints"
+    files = StageDir(stage_dir)
+    rows = read_rows(files.metrics)
+    ckpts = files.checkpoints
     saved = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.is_dir() else []
     summary = {
         "name": name,
@@ -38,7 +36,7 @@ def write_partial_summary(name: str, stage_dir: Path) -> None:
         "last_metrics": rows[-1] if rows else None,
         "resume_from_checkpoint": saved[-1] if saved else None,
     }
-    write_json(stage_dir / PARTIAL_SUMMARY, summary)
+    write_json(files.partial_summary, summary)
 
 
 def check_run_dir(run_dir: Path, *, resume: bool) -> None:
@@ -77,7 +75,7 @@ def _settings(config: dict[str, Any]) -> dict[str, Any]:
 def config_changes(run_dir: Path, cfg: RunConfig) -> dict[str, list[Any]]:
     """Setting -> [recorded value, this run's value] for every setting that differs from the run
     dir's config.yaml (empty when there is none); refuses changes to FIXED_ON_RESUME."""
-    saved = Path(run_dir) / "config.yaml"
+    saved = StageDir(run_dir).config
     if not saved.is_file():
         return {}
     old = _settings(yaml.safe_load(saved.read_text()) or {})
@@ -95,13 +93,12 @@ def record_config(run_dir: Path, cfg: RunConfig) -> None:
     """Write config.yaml, the settings this run uses. A resumed run with other settings names each
     change on stderr and appends it to config_history.jsonl first, so the record of what trained
     the earlier checkpoints is never lost (the first run's line holds its whole config)."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    files = StageDir(run_dir)
+    files.path.mkdir(parents=True, exist_ok=True)
     if not is_main():
         return
-    history = run_dir / "config_history.jsonl"
-    changes = config_changes(run_dir, cfg)
-    if not (run_dir / "config.yaml").is_file():
+    changes = config_changes(files.path, cfg)
+    if not files.config.is_file():
         entry = {"time": _now(), "config": cfg.model_dump(mode="json")}
     elif changes:
         for key, (old, new) in changes.items():
@@ -110,9 +107,9 @@ def record_config(run_dir: Path, cfg: RunConfig) -> None:
     else:
         entry = None
     if entry is not None:
-        with history.open("a") as f:
+        with files.config_history.open("a") as f:
             f.write(json.dumps(entry) + "\n")
-    dump_config(cfg, run_dir / "config.yaml")
+    dump_config(cfg, files.config)
 
 
 def _now() -> str:

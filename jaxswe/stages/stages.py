@@ -14,10 +14,11 @@ from jaxswe.errors import UserError
 from jaxswe.rl.problems import load_history
 from jaxswe.rl.strength import strength_line
 from jaxswe.run.files import read_json, write_json
+from jaxswe.run.layout import StageDir
 from jaxswe.run.plots import plot_metrics
-from jaxswe.stages.context import check_inputs, ensure_backend, open_stage
+from jaxswe.stages.context import check_inputs, open_stage
 from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference, paired_outcome_difference
-from jaxswe.stages.evaluate import run_eval_stage
+from jaxswe.stages.evaluate import eval_weights, run_eval
 from jaxswe.stages.finish import finish_stage
 from jaxswe.stages.rft import run_rft
 from jaxswe.stages.rl import run_rl
@@ -28,7 +29,6 @@ from jaxswe.stages.stage_io import (
     record_config,
     write_partial_summary,
 )
-from jaxswe.stages.toy import is_toy
 from jaxswe.stages.warmstart import build_policy, run_warmstart
 
 STAGES = ("warmstart", "rft", "rl", "eval")
@@ -59,14 +59,14 @@ def run_stage(
     stage_dir = Path(stage_dir)
     check_run_dir(stage_dir, resume=resume)  # before anything is written into it
     changes = config_changes(stage_dir, cfg)
-    if resume and (stage_dir / "summary.json").is_file():  # finished: its summary stands
+    if resume and StageDir(stage_dir).summary.is_file():  # finished: its summary stands
         return finished_stage(name, stage_dir, cfg, changes)
     try:
         return check_trained(_run_stage(name, cfg, stage_dir, init_from=init_from, resume=resume), cfg)
     except KeyboardInterrupt:  # Ctrl-C: the curves and summary so far (not summary.json: not done)
-        metrics = stage_dir / "metrics.jsonl"
-        if is_main() and metrics.is_file() and name != "eval":
-            plot_metrics(metrics, stage_dir / "plots" / f"{name}_curves.png", title=f"{name} (interrupted)")
+        files = StageDir(stage_dir)
+        if is_main() and files.metrics.is_file() and name != "eval":
+            plot_metrics(files.metrics, files.curves(name), title=f"{name} (interrupted)")
         if stage_dir.is_dir():
             write_partial_summary(name, stage_dir)
         raise
@@ -76,8 +76,9 @@ def finished_stage(name: str, stage_dir: Path, cfg: RunConfig, changes: dict[str
     """A --resume of a stage that finished: its summary.json as it is (nothing runs again)."""
     changed = [k for k in changes if k != "allow_untrained_stage"]  # that one is read here
     ignored = f"; the changed settings ({', '.join(changed)}) do not apply to it" if changed else ""
-    print(f"jaxswe: == {name} finished before ({stage_dir / 'summary.json'}){ignored}", file=sys.stderr)
-    return check_trained(read_json(stage_dir / "summary.json"), cfg)
+    summary = StageDir(stage_dir).summary
+    print(f"jaxswe: == {name} finished before ({summary}){ignored}", file=sys.stderr)
+    return check_trained(read_json(summary), cfg)
 
 
 def check_trained(summary: dict[str, Any], cfg: RunConfig) -> dict[str, Any]:
@@ -97,23 +98,6 @@ def check_trained(summary: dict[str, Any], cfg: RunConfig) -> dict[str, Any]:
         f"the {name} stage trained nothing: {why}; its weights are the ones it started from "
         "(--set allow_untrained_stage=true accepts such a stage)"
     )
-
-
-def eval_weights(cfg: RunConfig, init_from: str | None) -> str:
-    """What an eval stage evaluates, in words; a random init only with eval.allow_random_init."""
-    init_from = init_from or cfg.init_from
-    if init_from:
-        return str(init_from)
-    if cfg.model.path:
-        return f"model.path {cfg.model.path}"
-    if not cfg.eval.allow_random_init:
-        raise UserError(
-            "eval has no trained weights to evaluate: pass --init-from (a stage or run dir), "
-            "a --run-dir holding a trained stage, or model.path; "
-            "--set eval.allow_random_init=true evaluates a random init"
-        )
-    model = "the toy model" if is_toy(cfg) else f"model.preset {cfg.model.preset}"
-    return f"random init of {model} (model.seed {cfg.model.seed})"
 
 
 def _run_stage(
@@ -139,15 +123,10 @@ def _run_stage(
         _banner(name, stage_dir, init_from)
         summary = run_rl(ctx, history_from=source, resume=resume)
     elif name == "eval":
-        weights = eval_weights(cfg, init_from)
+        weights = eval_weights(cfg, init_from)  # refuses a random init before anything is written
         ctx = open_stage(cfg, stage_dir, init_from=init_from)
         print(f"jaxswe: == eval of {weights} -> {stage_dir}", file=sys.stderr, flush=True)
-        ensure_backend(ctx)
-        report = run_eval_stage(ctx)
-        keys = ("pass_at_1", "pass_at_1_ci95", "num_tasks", "num_episodes", "ended_by", "mean_turns")
-        summary = {"name": "eval", "weights": weights, **{k: report[k] for k in keys}}
-        summary.update({k: v for k, v in report.items() if k.startswith("pass_at_") or k == "task_strength"})
-        summary = finish_stage(ctx, summary)
+        summary = finish_stage(ctx, *run_eval(ctx, resume=resume))
     else:
         raise UserError(f"unknown stage {name!r}; choose one of {STAGES}")
     minutes, seconds = divmod(int(time.monotonic() - start), 60)
@@ -185,18 +164,18 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, An
     previous = cfg.init_from
     for name in cfg.stages:
         stage_dir = run_dir / name
-        done = stage_dir / "summary.json"
+        done = StageDir(stage_dir).summary
         if resume and done.is_file():
             summary = check_trained(read_json(done), cfg)
         else:
             summary = run_stage(name, cfg, stage_dir, init_from=previous, resume=resume)
         summaries.append(summary)
-        write_json(run_dir / "summary.json", {"stages": summaries})
+        write_json(StageDir(run_dir).summary, {"stages": summaries})
         if name != "eval":
             previous = str(stage_dir)
     out = {"stages": summaries, "paired": paired_comparisons(run_dir, cfg.stages)}
     if cfg.eval.heldout:
-        out["paired_heldout"] = paired_comparisons(run_dir, cfg.stages, report="heldout_eval.json")
+        out["paired_heldout"] = paired_comparisons(run_dir, cfg.stages, report="heldout_eval")
     for held, p in [("", p) for p in out["paired"]] + [
         (" held-out", p) for p in out.get("paired_heldout", [])
     ]:
@@ -211,22 +190,20 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, An
             f"over {unit})",
             file=sys.stderr,
         )
-    write_json(run_dir / "summary.json", out)
+    write_json(StageDir(run_dir).summary, out)
     return out
 
 
-def paired_comparisons(
-    run_dir: Path, stages: list[str], report: str = "final_eval.json"
-) -> list[dict[str, Any]]:
+def paired_comparisons(run_dir: Path, stages: list[str], report: str = "final_eval") -> list[dict[str, Any]]:
     """Each evaluated training stage against the previous one (the eval.after_stage evaluations,
-    `report`: final_eval.json, or heldout_eval.json for the eval.heldout tasks): paired over the
+    `report`: final_eval, or heldout_eval for the eval.heldout tasks): paired over the
     tasks (tasks as the unit: would it hold on other tasks like these?) and, under `these_tasks`,
     on exactly these tasks (episodes as the unit): pair by pair where both reports hold each
     sample's outcome (the after-stage evals share their sampling seeds), else as independent
     samples (`method` says which)."""
     per_task = {}
     for name in stages:
-        path = run_dir / name / report
+        path = StageDir(run_dir / name).eval_report(report)
         if name != "eval" and path.is_file():
             per_task[name] = read_json(path)["per_task"]
     rates = {n: {t: r["rate"] for t, r in v.items()} for n, v in per_task.items()}

@@ -92,8 +92,9 @@ def toy_policy(cfg: RunConfig, stage_dir: Path):
     from jaxswe.model.config import get_preset
     from jaxswe.model.params import init_params
     from jaxswe.policy import Policy, model_knobs
+    from jaxswe.run.layout import StageDir
 
-    tokenizer_dir = Path(stage_dir) / "tokenizer"
+    tokenizer_dir = StageDir(stage_dir).tokenizer
     tok = toy_tokenizer(cfg.env.toy_values, tokenizer_dir if is_main() else None, single_token_actions=True)
     barrier("toy tokenizer")  # written by process 0 alone; the others read it later
     knobs = {**model_knobs(cfg), "vocab_size": len(tok), **cfg.model.overrides}

@@ -28,6 +28,7 @@ from jaxswe.policy import Policy, model_knobs, stage_model
 from jaxswe.rollout.types import Generation, SamplingParams
 from jaxswe.run import loops
 from jaxswe.run.checkpoint import Checkpoints
+from jaxswe.run.layout import StageDir
 from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.stages.context import StageContext, check_inputs
@@ -129,7 +130,7 @@ def build_policy(cfg: RunConfig, stage_dir: Path, tasks: list[Any], make_env: An
         raise UserError("the warmstart stage needs model.preset (it trains a model from scratch)")
     tok_dir = cfg.model.tokenizer
     if not tok_dir:
-        tok_dir = str(stage_dir / "tokenizer")
+        tok_dir = str(StageDir(stage_dir).tokenizer)
         if is_main() and not (Path(tok_dir) / "tokenizer.json").is_file():
             texts = corpus_texts(cfg, tasks, make_env)
             build_tokenizer(texts, cfg.warmstart.vocab_size, tok_dir)
@@ -149,7 +150,7 @@ def run_warmstart(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], A
     ws = cfg.warmstart
     opt = cfg.optimizer.model_copy(update={"lr": ws.lr, "schedule": "constant", "warmup_steps": 0})
     trainer = Trainer(ctx.policy.model_cfg, ctx.policy.hand_over(), opt, mesh_cfg=cfg.mesh)
-    ckpts = Checkpoints(stage_dir / "checkpoints", max_to_keep=1)
+    ckpts = Checkpoints(StageDir(stage_dir).checkpoints, max_to_keep=1)
     if resume:
         restored = ckpts.restore_latest(trainer.state())
         if restored is not None:
@@ -158,7 +159,7 @@ def run_warmstart(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], A
             return dict(meta["summary"]), trainer.params
     tasks = [t for t in check_inputs(cfg)[0] if t.instance_id in set(ctx.task_ids)]
     demos = loops.run(on_main_async(lambda: scripted_episodes(cfg, tasks, ctx.make_env, ctx.tokenizer)))
-    save_jsonl(stage_dir / "trajectories" / "demonstrations.jsonl", demos)
+    save_jsonl(StageDir(stage_dir).episodes("demonstrations"), demos)
     good = [e for e in demos if e.resolved]
     print(
         f"jaxswe warmstart: {len(good)}/{len(demos)} scripted demonstrations resolve their task",
@@ -176,7 +177,7 @@ def run_warmstart(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], A
         decoy_tasks = [t for t in tasks if t.instance_id in solved and has_decoy(t)]
         play = partial(scripted_episodes, cfg, decoy_tasks, ctx.make_env, ctx.tokenizer, decoy=True)
         played = loops.run(on_main_async(play))
-        save_jsonl(stage_dir / "trajectories" / "decoys.jsonl", played)
+        save_jsonl(StageDir(stage_dir).episodes("decoys"), played)
         decoys = [e for e in played if not e.resolved and e.infra_error is None]
         print(
             f"jaxswe warmstart: {len(decoys)}/{len(played)} decoy demonstrations fail their task "

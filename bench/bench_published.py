@@ -2,7 +2,7 @@
 
     JAXSWE_CACHE_DIR=/tmp/published-cache .venv/bin/python bench/bench_published.py [--only ID ...]
 
-Every record of tests/data/published/swe_bench_*_real.json[l] whose repository is stored in
+Every record of tests/data/published/swe_bench_*_real.json[l] whose base commit is stored in
 tests/data/published/repos is graded with its gold patch, the empty patch and, where an official
 evaluation of a model run is stored (tests/data/published/swe_bench_eval/<run>/<id>), that run's
 model patch (cut from the official log), with `envs.grading.grade(task, patch, twins=False)`. Prints
@@ -27,7 +27,12 @@ from envs.published import model_patch, official_outcomes, repos_from_bundles
 from envs.tasks import Task, load_tasks
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "published"
-RECORDS = ("swe_bench_dev_real.json", "swe_bench_lite_real.json", "swe_bench_verified_real.jsonl")
+RECORDS = (
+    "swe_bench_lite_dev_real.json",
+    "swe_bench_dev_real.json",
+    "swe_bench_lite_real.json",
+    "swe_bench_verified_real.jsonl",
+)
 HEADER = (
     "| instance | repo | spec Python | official (model) | jaxswe (model) | model tests agreeing | gold "
     "| empty | gold/empty tests as recorded | seconds |\n|---|---|---|---|---|---|---|---|---|---:|"
@@ -35,10 +40,14 @@ HEADER = (
 
 
 def stored_tasks() -> list[Task]:
-    """The published records whose repository is stored as a bundle."""
-    stored = {b.stem.rsplit("-", 1)[0] for b in (DATA / "repos").glob("*.bundle")}
-    tasks = [t for name in RECORDS for t in load_tasks(DATA / name)]
-    return [t for t in tasks if t.repo.replace("/", "__") in stored]
+    """The published records whose base commit is stored as a bundle, each instance once (the
+    first file of RECORDS that holds it)."""
+    stored = {b.stem for b in (DATA / "repos").glob("*.bundle")}
+    tasks = {}
+    for task in (t for name in RECORDS for t in load_tasks(DATA / name)):
+        if f"{task.repo.replace('/', '__')}-{task.base_commit[:7]}" in stored:
+            tasks.setdefault(task.instance_id, task)
+    return list(tasks.values())
 
 
 def official_run(task: Task) -> tuple[dict, str] | None:

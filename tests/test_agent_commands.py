@@ -1,5 +1,6 @@
 """The reply parser: one fenced block -> one command, everything else a format or usage error."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -129,6 +130,7 @@ _pieces = st.sampled_from(
 )  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(
     st.one_of(

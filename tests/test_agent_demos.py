@@ -85,6 +85,7 @@ def test_edits_hold_only_the_changed_span(tmp_path):
     assert gold_patch_to_commands(patch) == ["edit --file m.py 11:11 << 'EOF'\nv10 = -1\nEOF"]
 
 
+@pytest.mark.slow
 def test_random_edits_roundtrip(tmp_path):
     rng = random.Random(0)
     files = {f"f{k}.txt": "".join(f"{k}-{i}\n" for i in range(rng.randint(1, 30))) for k in range(25)}

@@ -39,6 +39,7 @@ def packed_batch(seed=0):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
 def test_flash_kernel_equals_dense_in_outputs_and_gradients(jit):
     rng = np.random.default_rng(1)
@@ -70,6 +71,7 @@ def _sft_step(kind):
     return make_sft_step(cfg, optax.sgd(1.0), mesh, make_rules())
 
 
+@pytest.mark.slow
 def test_model_attention_reaches_the_train_step():
     params = init_params(CFG, jax.random.key(0))
     batch = packed_batch()
@@ -91,6 +93,7 @@ def test_model_attention_reaches_the_train_step():
     assert "stablehlo.case" in texts["blockwise"] and "stablehlo.case" not in texts["dense"]
 
 
+@pytest.mark.slow
 def test_model_attention_reaches_the_recompute_pass():
     params = init_params(CFG, jax.random.key(2))
     batch = {k: v for k, v in packed_batch(3).items() if k != "loss_mask"}
@@ -118,6 +121,7 @@ def _spy(monkeypatch, name, calls, **fixed):
     monkeypatch.setattr(attention, name, spied)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dense", "blockwise", "cudnn"])
 def test_prefill_and_decode_use_model_attention(monkeypatch, kind):
     """Each kind's kernel runs in prefill and decode and gives the dense logits; cuDNN's call

@@ -174,6 +174,7 @@ def test_problem_statement_describes_without_the_fix(task_dir: Path):
             assert line not in task["problem_statement"], f"the issue gives the fix away: {line!r}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_dir", TASK_DIRS, ids=TASK_IDS)
 def test_gold_patch_resolves_and_tests_fail_without_it(task_dir: Path):
     task = load_task(task_dir)

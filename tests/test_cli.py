@@ -115,6 +115,7 @@ def test_a_second_ctrl_c_exits_at_once_during_the_first_ones_cleanup():
     assert proc.stderr.read() == "jaxswe: interrupted again: exiting now\n"
 
 
+@pytest.mark.slow
 def test_progress_in_a_log_file_is_periodic_lines(tmp_path):
     """stderr a file: RFT sampling, its SFT steps and the stage's eval report in at most ~10 plain
     lines each (no carriage-return bar), the last one at the total."""

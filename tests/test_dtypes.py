@@ -52,6 +52,7 @@ def test_load_hf_names_its_dtypes(tmp_path):
     assert config.param_dtype == "bfloat16" and params["embed"].dtype == jnp.bfloat16
 
 
+@pytest.mark.slow
 def test_bf16_checkpoint_trains_with_float32_masters_at_rft_lr(tmp_path):
     write_bf16_checkpoint(tmp_path / "hf")
     toy_tokenizer(2, tmp_path / "tok")
@@ -99,6 +100,7 @@ def collectives(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_fsdp_all_gathers_move_compute_dtype_weights(collectives):
     """After SPMD partitioning (before the CPU backend upcasts bf16 dots) every weight all-gather
     of a bf16-compute, fp32-master SFT step on an 8-way FSDP mesh is bf16, whatever the gradient
@@ -146,6 +148,7 @@ def _relative_error(grads, ref, keys=None):
     return math.sqrt(err / sum(np.sum(ref[k] ** 2) for k in keys))
 
 
+@pytest.mark.slow
 def test_float32_gradient_reduction_is_closer_to_the_float32_compute_gradients():
     """bf16 compute, fp32 masters: with the default float32 reduction the step's gradients are
     nearer those of float32 compute than with bfloat16 reduction, overall and for every norm scale

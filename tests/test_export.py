@@ -44,6 +44,7 @@ def _run(argv, capsys):
     return exc.value.code, capsys.readouterr().err.strip()
 
 
+@pytest.mark.slow
 def test_export_loads_in_transformers_with_same_logprobs(stage, tmp_path, capsys):
     stage_dir, cfg, params, tok = stage
     out = tmp_path / "hf"

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_gpu_check_cpu_dry_run(tmp_path):
     blocked = tmp_path / "blocked"
     for name in ("pydantic", "typer"):  # absent from the GPU image: the check must not need them

@@ -37,6 +37,7 @@ def _diff(path: str, old: str, new: str, *, new_file: bool = False) -> str:
 CALC = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
 
 
+@pytest.mark.slow
 def test_gold_resolves_and_empty_does_not(tasks):
     for task in tasks.values():
         gold = grade(task, task.patch)
@@ -124,6 +125,7 @@ def test_test_command_gets_the_graders_configuration_only_for_plain_pytest(tasks
     assert parse_report(record % "4.3.1").plugins is None  # no `-p NAME` before pytest 4.4: autoload
 
 
+@pytest.mark.slow
 def test_validate_and_filter(tasks):
     v = validate_task(tasks["calc__add"], runs=2)
     assert v.ok and v.gold_resolved == (True, True) and not v.empty_resolved and not v.flaky, v
@@ -134,6 +136,7 @@ def test_validate_and_filter(tasks):
     assert kept == [] and all("files" in why for why in dropped.values())
 
 
+@pytest.mark.slow
 def test_flaky_task_is_reported(tmp_path):
     """A test that passes on odd runs only (a counter outside the sandbox) is flaky over 2 runs."""
     src = tmp_path / "flaky__count"
@@ -185,6 +188,7 @@ def test_cli_validate_and_filter(tmp_path, capsys):
     assert "1 task: 0 valid, 1 invalid, 0 infrastructure failures" in err, err
 
 
+@pytest.mark.slow
 def test_upstream_tolerance_for_what_the_gold_patch_changes_and_setup_cfg(tasks, tmp_path):
     """Upstream is the contract: a protected path the task's own gold patch changes is the task's
     code (django/test/, astropy/tests/ in SWE-bench) and is kept; setup.cfg is reset only when its

@@ -206,6 +206,7 @@ def _check(task, results):
     assert results["an importable zip archive"].dropped_paths == ("billsplit/_vendored.zip",)
 
 
+@pytest.mark.slow
 def test_attacks_local(task, tmp_path):
     results = _grade_all(task, attack_patches(task, tmp_path), "local")
     _check(task, results)
@@ -275,6 +276,7 @@ ENTRY_POINT_PLUGIN = {
 }
 
 
+@pytest.mark.slow
 def test_checkout_entry_point_plugin_never_loads(task, tmp_path, monkeypatch):
     """A `*.dist-info` the patch adds is reset; and with the reset off, the runner still never loads
     its plugin: autoload is off, and only the plugins recorded on the clean base load, by name."""

@@ -110,6 +110,7 @@ def _grade_all(task, patches, backend):
         return dict(pool.map(lambda item: (item[0], grade(task, item[1], backend)), patches.items()))
 
 
+@pytest.mark.slow
 def test_forgeries_local(task, tmp_path):
     assert task.reference_statuses, "built-in tasks carry their gold run's statuses"
     _check(task, _grade_all(task, _patches(task, tmp_path), "local"))
@@ -124,6 +125,7 @@ def test_forgeries_docker(task, tmp_path):
     _check(task, _grade_all(task, _patches(task, tmp_path), "docker"))
 
 
+@pytest.mark.slow
 def test_a_root_pdb_py_alone_resolves_nothing(tmp_path):
     """A root pdb.py that prints PASSED and exits 0 (pytest's debugging plugin imports pdb) is reset:
     alone it resolves nothing (with each gold fix it is reset and the fix resolves:
@@ -199,6 +201,7 @@ RUNNER_FORGERIES = {  # appended to the package's __init__.py: every outcome rep
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_id", sorted(RUNNER_FORGERIES))
 def test_canaries_for_djangos_and_sympys_runners(task_id, tmp_path):
     """Django-style ids (`name (module.Class.name)`, parse_log_django) and sympy's (bare names,

@@ -8,6 +8,7 @@ Where an inner layer alone must catch it, the twin run is switched off to show t
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from test_grading_attacks import _git_diff
 
 from envs import grade
@@ -128,6 +129,7 @@ def _appended(task, path, code, tmp_path):
     return _git_diff(task, {path: text + code}, tmp_path)
 
 
+@pytest.mark.slow
 def test_canary_readers_are_caught_by_the_twin_run(tmp_path):
     task = TASKS["builtin__roman-1"]
     for i, (what, detector) in enumerate(DETECTORS.items()):

@@ -152,6 +152,7 @@ def test_every_builtin_task_has_a_validated_twin():
     assert covered / sum(len(t.fail_to_pass) for t in tasks) > 0.95
 
 
+@pytest.mark.slow
 def test_forgeries_past_the_canaries_fail_their_twins(tmp_path):
     dates, stack, roman = TASKS["builtin__dates-1"], TASKS["builtin__stack-1"], TASKS["builtin__roman-1"]
     spares = _appended(dates, "calendarx/__init__.py", SPARES_CANARIES, tmp_path / "a")

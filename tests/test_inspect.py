@@ -76,6 +76,7 @@ def run(tmp_path_factory):
     return root, episodes, (root / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_report_holds_stages_curves_turns_tests_and_versions(run):
     root, episodes, html = run
     assert html.index("<h2>rl ") < html.index("<h2>eval ")

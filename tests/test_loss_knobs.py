@@ -175,6 +175,7 @@ def test_steps_warning_once_per_stage_above_the_bound():
     assert StepsWarning(RLSection(max_optimizer_steps=None))(1000) is None
 
 
+@pytest.mark.slow
 def test_rl_trainer_takes_the_warmup_and_the_negative_weight():
     """The RL stage's Trainer: rl.warmup_steps sets its lr schedule (0, lr/2, lr over 2 steps) and
     rl.negative_weight 0 reaches the jitted loss (failures only: loss and gradient exactly 0,

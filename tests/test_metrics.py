@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from jaxswe.run.metrics import MetricsLogger, read_rows, truncate_after
 from jaxswe.run.plots import plot_metrics
 
@@ -74,6 +76,7 @@ def _wandb_history(run_dir) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_a_stage_logs_to_wandb_and_mlflow_and_refuses_what_cannot_open(tmp_path, monkeypatch):
     """`logging.backends: [tensorboard, wandb, mlflow]`: a real `jaxswe rl` stage sends each
     iteration's scalars to TensorBoard, a W&B run (offline mode, read back from its file) and an

@@ -48,6 +48,7 @@ def toolz(tmp_path_factory):
     return repo
 
 
+@pytest.mark.slow
 def test_mine_bounded_range_resumes_and_validates(toolz, tmp_path):
     """The newest 4 commits up to the fix: three are no task (two change no source+tests, one too
     much source), the fix is a valid task. A recipe whose test command needs a missing plugin
@@ -220,6 +221,7 @@ def test_mine_cli_bad_repo_is_one_line(tmp_path):
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.slow
 def test_mine_src_layout_range(tmp_path):
     """cachetools is a src layout with no pytest `pythonpath` setting: its tests import the package only
     through the task environment's import root, which grading keeps (it once replaced PYTHONPATH, and

@@ -87,6 +87,7 @@ def hf_dir(tmp_path_factory, **kwargs):
     return _HF_MODELS[key]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "heads,kv_heads,hidden,tied,theta",
     [(4, 4, 32, False, 1e6), (4, 2, 32, True, 1e6), (8, 2, 64, False, 1e4)],
@@ -109,6 +110,7 @@ def test_logprobs_match_transformers(tmp_path_factory, heads, kv_heads, hidden, 
     np.testing.assert_allclose(np.asarray(var), ref_var, atol=10 * TOL)
 
 
+@pytest.mark.slow
 def test_unjitted_and_dense_paths_match_transformers(tmp_path_factory):
     path, model = hf_dir(tmp_path_factory, heads=4, kv_heads=2, hidden=32, tied=True, theta=1e6)
     config, params = load_for_test(path)
@@ -221,6 +223,7 @@ def test_packed_batch_equals_each_segment_alone(tmp_path_factory):
         assert (out[b, start:] == 0).all()
 
 
+@pytest.mark.slow
 def test_prefill_then_decode_equals_full_forward():
     config = get_preset("tiny", vocab_size=61)
     params = init_params(config, jax.random.key(0))
@@ -255,6 +258,7 @@ def test_prefill_then_decode_equals_full_forward():
         np.testing.assert_allclose(decoded[b], ref[b, lengths[b] : lengths[b] + steps], atol=TOL)
 
 
+@pytest.mark.slow
 def test_gradients_blockwise_and_remat_policies_equal_dense_reference():
     """Gradients through blockwise attention (custom VJP) under each remat policy == dense, no remat."""
     config = get_preset("tiny", attention_block=4)
@@ -295,6 +299,7 @@ def test_logprobs_never_materialize_full_vocab_logits():
         assert compiled.memory_analysis().temp_size_in_bytes < full_logits_bytes / 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", ["full", "save_projections"])
 def test_gradient_memory_grows_linearly_in_length(remat):
     """Compiled grad of token_logprobs keeps no per-(q block, kv block) masks or scores: 4x T -> < 6x temp.
@@ -329,6 +334,7 @@ def test_logical_axes_mirror_params():
             assert len(names) == leaf.ndim
 
 
+@pytest.mark.slow
 def test_activation_constraints_under_rules_keep_numerics():
     from jax.sharding import NamedSharding
 

@@ -39,6 +39,7 @@ def assert_trees_equal(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [False, True])
 def test_save_hf_loads_in_transformers_with_same_logprobs(tmp_path, tied):
     config = CONFIG.replace(tie_word_embeddings=tied)

@@ -99,6 +99,7 @@ def test_micro_batched_aux_equals_full_batch_aux(num_micro):
         np.testing.assert_allclose(aux[key], ref[key], rtol=1e-5, atol=1e-7, err_msg=key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("skip", [["norms", "biases"], [], ["norms", "biases", "embeddings"]])
 def test_weight_decay_skips_the_configured_groups(skip):
     """With zero gradients one AdamW step only decays: w -> w * (1 - lr * wd) where decay applies."""

@@ -58,6 +58,7 @@ def value_and_grads(impl, q, k, v, qpos, kpos, qseg, kseg, **kw):
     return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads, kv_heads", [(2, 2), (4, 1), (14, 2)])  # GQA ratios 1, 4, 7
 def test_pallas_matches_blockwise_reference(heads, kv_heads):
     b, t, d = 2, 75, 16  # 75: no multiple of any block
@@ -74,6 +75,7 @@ def test_pallas_matches_blockwise_reference(heads, kv_heads):
     assert float(jnp.abs(out).max(-1).max(-1)[padding].max()) == 0.0  # rows that see nothing are 0
 
 
+@pytest.mark.slow
 def test_pallas_queries_over_longer_keys():
     """A query chunk against a longer key range (all-gathered context), positions offset."""
     b, t, s, d = 1, 40, 75, 16
@@ -89,6 +91,7 @@ def test_pallas_queries_over_longer_keys():
         np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_ring_context_attention_on_pallas_kernel():
     mesh = make_mesh({"data": 4, "context": 2})
     rules = make_rules({"batch": "data"})
@@ -148,6 +151,7 @@ def test_impl_selection():
         Blocks(fwd_q=48)
 
 
+@pytest.mark.slow
 def test_model_gradients_through_pallas_attention_match_blockwise():
     """The training path: tiny Qwen2 with full remat in a layer scan, packed rows, sharded over 8."""
     from jaxswe.model import get_preset, init_params

@@ -73,6 +73,7 @@ def _run_suite(tmp: Path, name: str, commit: str, tests_from: str | None) -> tup
     return done.stdout + done.stderr, report.read_text(), files.stdout.split()
 
 
+@pytest.mark.slow
 @needs_swebench
 @needs_repos
 def test_statuses_agree_with_official_parser_on_real_logs(tmp_path):

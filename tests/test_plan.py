@@ -94,6 +94,7 @@ def test_plan_cli_json_and_errors(capsys, tmp_path):
     assert ex.value.code == 2 and "no config.json" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_plan_compile_on_host_cpu_writes_hlo_and_counts_branches(capsys, tmp_path, monkeypatch):
     """`--compile --target cpu`: the child process and code path of the deviceless H200 compile, on
     8 fake CPU devices (toy-rl, dense attention: no branch in its loops); ~10 s."""

@@ -33,6 +33,7 @@ rl: {trajectories_per_step: 16, seq_len: 1024, group_size: 2, problems_per_itera
 """
 
 
+@pytest.mark.slow
 def test_planner_within_15_percent_of_the_compiled_step_and_recompute(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(CONFIG)

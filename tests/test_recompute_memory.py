@@ -3,6 +3,7 @@ analysis of the compiled pass shows temporaries that follow the micro-batch, not
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from jaxswe.model.config import get_preset
 from jaxswe.train import make_compute_logprobs
@@ -21,6 +22,7 @@ def _temp_bytes(num_micro: int) -> int:
     return fn.jitted.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.slow
 def test_recompute_temporaries_scale_with_the_micro_batch():
     one, four = _temp_bytes(1), _temp_bytes(4)
     # outputs ([B, T] log-probs and entropies) are not temporaries; activations are ~ rows / num_micro

@@ -28,6 +28,7 @@ def _close(ctx):
         ctx.backend = None
 
 
+@pytest.mark.slow
 def test_killed_collection_resumes_where_it_stopped(tmp_path):
     cfg = toy_config(rft={"samples_per_task": 2})
     policy, tok = toy_policy(tmp_path, NV)
@@ -59,6 +60,7 @@ def test_killed_collection_resumes_where_it_stopped(tmp_path):
         collect_samples(ctx3, path)
 
 
+@pytest.mark.slow
 def test_sft_crash_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch):
     cfg = toy_config(
         rft={"samples_per_task": 4},

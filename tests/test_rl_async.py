@@ -49,6 +49,7 @@ def _timing(key: str) -> bool:
     return key.startswith("time_") or key.endswith("_per_s")
 
 
+@pytest.mark.slow
 def test_k0_reproduces_the_synchronous_loop_rows_through_ctrl_c_and_resume(tmp_path):
     """3 iterations at max_staleness 0 through the pump give the rows the separate synchronous
     collector wrote before it was deleted (same seed, one CPU device, dynamic sampling's resample
@@ -110,6 +111,7 @@ def test_k0_reproduces_the_synchronous_loop_rows_through_ctrl_c_and_resume(tmp_p
                 assert got[key] == value, (ref["step"], key)
 
 
+@pytest.mark.slow
 def test_weight_update_mid_episode_versions_and_importance_weights(tmp_path):
     """An episode whose weights change after its first turn: the first turn's tokens carry
     version 0 and their rollout log-probs are policy A's, later tokens version 1 and policy B's.

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parent.parent
 CONFIG = ROOT / "configs" / "toy-rl.yaml"
 
@@ -49,6 +51,7 @@ def _run(run_dir: Path, episodes_in_flight: int) -> tuple[list[dict], list[dict]
     return rows, episodes
 
 
+@pytest.mark.slow
 def test_k0_rows_and_trajectories_do_not_depend_on_episodes_in_flight(tmp_path):
     """All 24 episodes of a round in flight against 3 at a time (batches of 1-3 requests, composed
     by timing): the same rows (the update's metrics included) and episodes, rollout log-probs

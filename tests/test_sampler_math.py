@@ -43,6 +43,7 @@ def _chi2_pvalue(tokens, probs):
     return stats.chisquare(counts[support], expected).pvalue
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jit", [True, False])
 def test_temperature_one_is_unbiased_and_logprobs_are_log_softmax(jit):
     logits = _logits()

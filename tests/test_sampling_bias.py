@@ -59,6 +59,7 @@ def test_statistic_is_centered_when_unbiased_and_positive_under_top_k():
     assert empty["sampling_bias_tokens"] == 0 and not BiasAlarm().fires(empty)
 
 
+@pytest.mark.slow
 def test_a_peaked_unbiased_policy_does_not_false_alarm():
     """A near-deterministic policy (top token 0.999, the rest of the mass in a 1000-token tail)
     sampled without bias, 400 tokens per iteration: most iterations draw no tail token, so every

@@ -67,6 +67,7 @@ def _seeded(gens, batch):
     return [g for g, r in zip(gens, batch, strict=True) if r.params == SEEDED]
 
 
+@pytest.mark.slow
 def test_seeded_request_same_tokens_alone_or_in_any_batch(model, alone):
     assert len(alone.output_ids) == 40
     others = _others()
@@ -148,6 +149,7 @@ class _EchoTask:
         pass
 
 
+@pytest.mark.slow
 def test_episodes_keep_their_tokens_whatever_order_and_concurrency(model, tok):
     sampling = SamplingParams(max_new_tokens=12, sampling_seed=11)
 
@@ -173,6 +175,7 @@ def test_episodes_keep_their_tokens_whatever_order_and_concurrency(model, tok):
     assert episode_seeds(["a"], None) == [None]
 
 
+@pytest.mark.slow
 def test_batch_invariant_engine_gives_each_request_its_bits_alone(model):
     """With batch_invariant, requests of two prompt buckets submitted together run as one batch per
     bucket at the fixed batch size, and each gets exactly (every bit of every log-prob) what it gets
@@ -199,6 +202,7 @@ def test_batch_invariant_engine_gives_each_request_its_bits_alone(model):
         EmbeddedEngine(Sampler(*model), max_batch=4, batch_invariant=True)
 
 
+@pytest.mark.slow
 def test_prompt_pads_to_a_power_of_two_at_most_the_context(model):
     sampler = Sampler(*model, max_context=40, **BUCKETS)
     assert sampler.shape_key(_req(ids=range(1, 21))) == (32, 64)

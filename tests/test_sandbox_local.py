@@ -160,6 +160,7 @@ def test_missing_repo_and_commit(tmp_path, monkeypatch):
         open_sandbox(task_from_record(record), "k8s")
 
 
+@pytest.mark.slow
 def test_32_parallel_sandboxes_leave_nothing():
     task = load_tasks(DATA)[0]
     ids, roots, errors = [], [], []
@@ -210,6 +211,7 @@ print(missed)
 """
 
 
+@pytest.mark.slow
 def test_a_marked_process_inside_execve_is_found():
     """A marked process read while it execs (its environment reads empty for a moment) is still
     found, by the host's scan and by the in-sandbox runner's: a timeout's kill misses nothing."""

@@ -102,6 +102,7 @@ def _generate(url, **kw):
     return out
 
 
+@pytest.mark.slow
 def test_prompt_logprobs_match_transformers(server, models):
     out = _generate(server.url, logprob_start_len=0)
     entries = out["meta_info"]["input_token_logprobs"]
@@ -114,6 +115,7 @@ def test_prompt_logprobs_match_transformers(server, models):
     np.testing.assert_allclose([e[0] for e in tail[1:]], ref[5:], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_sampled_logprobs_match_token_logprobs_and_transformers(server, models):
     out = _generate(server.url, sampling_params={"max_new_tokens": 16})
     ids = out["output_ids"]
@@ -218,6 +220,7 @@ def test_update_weights_follows_new_model_and_bad_path_keeps_old(server, models,
     np.testing.assert_allclose(prompt_lps(), _hf_logprobs(models["a"][1], PROMPT)[1:], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_cli_serve_under_the_launcher_and_missing_model(models, tmp_path):
     model = tmp_path / "model"  # model a with EOS ids in generation_config.json
     model.mkdir()

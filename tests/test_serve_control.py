@@ -104,6 +104,7 @@ def test_eos_ids_come_from_config_and_generation_config(tmp_path):
     assert eos_token_ids(tmp_path / "missing") == ()
 
 
+@pytest.mark.slow
 def test_eos_ignore_eos_rid_zero_tokens_and_info_routes(models):
     path = models["a"][0]
     cfg, params = load_model(path)
@@ -140,6 +141,7 @@ def test_eos_ignore_eos_rid_zero_tokens_and_info_routes(models):
         srv.close()
 
 
+@pytest.mark.slow
 def test_pause_aborts_in_flight_holds_new_requests_and_update_applies_at_once(models):
     srv = _gated_server(models["a"][0])
     sampler = srv.engine.sampler
@@ -228,6 +230,7 @@ def test_update_without_pause_waits_for_requests_in_flight_and_abort_by_rid(mode
         srv.close()
 
 
+@pytest.mark.slow
 def test_paused_and_continued_request_draws_as_uninterrupted_with_versions_per_token(models):
     """A seeded request paused after 4 tokens (the client sends its continuation, held until
     `continue`): without a weight change it draws exactly what the uninterrupted request draws
@@ -306,6 +309,7 @@ class _LoopEnv:
         pass
 
 
+@pytest.mark.slow
 def test_weight_update_mid_episode_records_each_tokens_policy_version(tmp_path):
     """Turn 2 is paused after 4 tokens; the trainer loads version 1 and continues: the episode's
     tokens before the pause carry version 0 and their rollout log-probs are model a's, every

@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 
 from jaxswe.config import OptimizerSection, SFTSection
 from jaxswe.model.config import get_preset
@@ -16,6 +17,7 @@ def _seq(n: int, rng) -> Sequence:
     return Sequence(input_ids=rng.integers(1, 64, n).astype(np.int32), loss_mask=np.ones(n, np.float32))
 
 
+@pytest.mark.slow
 def test_run_sft_grows_rows_when_a_later_batch_packs_into_more(tmp_path):
     rng = np.random.default_rng(0)
     # Two per step: the short pair fits one 32-token row, any other pair needs two. With seed 1

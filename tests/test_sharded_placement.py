@@ -47,6 +47,7 @@ def _check_placed(tree, where: str) -> None:
         assert x.sharding.is_equivalent_to(s, x.ndim), where
 
 
+@pytest.mark.slow
 def test_load_step_restore_export_stay_sharded(tmp_path):
     gc.collect()
     before = {id(x) for x in jax.live_arrays()}

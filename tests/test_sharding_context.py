@@ -82,6 +82,7 @@ CASES = [(kind, n, True) for kind in ("ring", "allgather") for n in (2, 4, 8)] +
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, n, packed", CASES)
 def test_context_attention_matches_dense(kind, n, packed):
     mesh = make_mesh({"data": 8 // n, "context": n})

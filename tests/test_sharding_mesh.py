@@ -63,6 +63,7 @@ def test_rules_naming_unknown_mesh_axes_are_refused():
         train_state_shardings(cfg, optax.adamw(1e-3), make_mesh({"fsdp": 8}), make_rules({"embed": "expert"}))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "axes", [{"fsdp": 8}, {"fsdp": 2, "context": 4}, {"data": 2, "fsdp": 2, "tensor": 2}]
 )

@@ -6,6 +6,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from rl_toy_helpers import toy_config, toy_context, toy_policy
 
 from jaxswe.agent.trajectory import load_jsonl
@@ -26,6 +27,7 @@ def _same(a, b):
     )
 
 
+@pytest.mark.slow
 def test_rft_rl_stage2_handoff(tmp_path):
     fp32 = {"dtype": "float32", "remat": "none"}  # stages compute like the toy policy, in float32
     # one device: 8 fake CPU devices run collectives, and two in flight at once on XLA:CPU's shared

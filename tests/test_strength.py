@@ -70,6 +70,7 @@ def test_mutations_at_exact_positions_and_equivalents_bounded():
     assert without_hunk(two, 0) == "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -9 +9 @@\n-c\n+d\n"
 
 
+@pytest.mark.slow
 def test_weak_task_is_found_and_strong_one_passes(measured):
     weak_task, weak = measured["weak__mean"]
     assert weak.strength is not None and weak.strength <= 0.25 and weak.undecided == 0, weak

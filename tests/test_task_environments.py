@@ -26,6 +26,7 @@ def _check(backend: str) -> None:
         assert all(empty.tests[t] == "PASSED" for t in task.pass_to_pass), empty.tests
 
 
+@pytest.mark.slow
 def test_task_environments_local():
     _check("local")
 

@@ -54,6 +54,7 @@ def toolz_task(tmp_path_factory):
     mp.undo()
 
 
+@pytest.mark.slow
 def test_host_installed_package_is_not_what_the_task_grades(toolz_task):
     import toolz  # the host's copy, a later release holding the fix
 

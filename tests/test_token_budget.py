@@ -39,6 +39,7 @@ def _step(batch: TokenBatch) -> dict[str, float]:
     return trainer.dapo_update(batch)
 
 
+@pytest.mark.slow
 def test_short_trajectories_pack_into_few_rows_with_the_same_loss():
     seqs = _sequences()
     packed = pack_sequences(seqs, SEQ_LEN, rows_multiple=1).arrays

@@ -83,6 +83,7 @@ def reference_dapo_update(cfg, params, batch, opt):
     return loss, optax.apply_updates(params, updates)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("axes", MESHES, ids=lambda a: "-".join(f"{k}{v}" for k, v in a.items()))
 def test_sharded_logprobs_and_dapo_step_equal_unsharded(model, axes):
     cfg, params, path = model
@@ -127,6 +128,7 @@ def test_sharded_logprobs_and_dapo_step_equal_unsharded(model, axes):
     assert 0 < float(metrics["clip_fraction"]) < 1 and float(metrics["approx_kl"]) > 0
 
 
+@pytest.mark.slow
 def test_sft_step_with_micro_batches_equals_full_batch_update(model):
     cfg, params, _ = model
     batch = make_batch(cfg, params, seed=1)
@@ -153,6 +155,7 @@ def test_sft_step_with_micro_batches_equals_full_batch_update(model):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), updated, want)
 
 
+@pytest.mark.slow
 def test_entropy_bonus_step_equals_reference_and_raises_entropy(model):
     """entropy_coef c: loss = DAPO - c * sum(mask * H) / sum(mask); with zero advantages the step
     moves only along the entropy gradient, so the trained tokens' entropy goes up."""

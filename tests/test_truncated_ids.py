@@ -23,6 +23,7 @@ FIX = "289edfc"
 RECIPE = {"test_cmd": "pytest -rA", "pip_packages": ["pytest~=7.4"]}  # boltons' conftest predates pytest 9
 
 
+@pytest.mark.slow
 def test_truncated_ids_of_a_real_task_resolve(tmp_path):
     if not BUNDLE.is_file():
         pytest.skip("shared repositories missing")

@@ -54,6 +54,7 @@ def test_resume_of_a_missing_run_is_refused(tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["empty"] and not any((tmp_path / "empty").iterdir())
 
 
+@pytest.mark.slow
 def test_untrained_stage_fails_resumes_as_it_is_and_is_what_eval_takes(tmp_path, capsys):
     """One tiny `jaxswe rl` (one toy stage; every later step reads it): it trained nothing, says so
     and fails; --resume keeps it as it is; `jaxswe eval --run-dir` evaluates it and says so."""
@@ -138,6 +139,7 @@ for _ in range(5):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "copies"), [("once", 1), ("plain", 5)])
 def test_jax_fork_warning_prints_once_per_process(mode, copies):
     """What the CLI installs first: each warning once per process. Without it JAX's os.fork()

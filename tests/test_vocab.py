@@ -47,6 +47,7 @@ MESHES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 @pytest.mark.parametrize("mesh", MESHES)
 def test_lookup_and_head_stats_equal_float64_reference(mesh, tied):

@@ -4,7 +4,7 @@
 
 For each config, a subprocess compiles the real train step (DAPO for rl, SFT for rft, built by the
 same factories as the Trainer) and the old-log-prob recompute pass with abstract inputs at the
-config's full shapes on a mesh of the config's device count (`jaxswe.compiled_memory`), and reads
+config's full shapes on a mesh of the config's device count (`jaxswe.plan.compiled_memory`), and reads
 XLA's memory analysis and, from the GPU compiler's buffer dump, what is live at the peak, by item.
 The parent prints one table per config: planner GB, compiler GB and their ratio, item by item.
 
@@ -38,7 +38,8 @@ def child(config: str, backend: str, dump: str) -> None:
     """Compile one config and print {"step": ..., "recompute": ...} as one JSON line."""
     import jax
 
-    from jaxswe.compiled_memory import (
+    from jaxswe.config import load_config
+    from jaxswe.plan.compiled_memory import (
         attention_kernel,
         compile_memory,
         conditionals,
@@ -46,7 +47,6 @@ def child(config: str, backend: str, dump: str) -> None:
         cuda_devices,
         peak_items,
     )
-    from jaxswe.config import load_config
 
     cfg = load_config(config)
     n = config_devices(cfg)
@@ -62,8 +62,8 @@ def child(config: str, backend: str, dump: str) -> None:
 
 
 def compile_config(config: Path, backend: str) -> dict:
-    from jaxswe.compiled_memory import config_devices
     from jaxswe.config import load_config
+    from jaxswe.plan.compiled_memory import config_devices
 
     n = config_devices(load_config(config))
     env = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -159,7 +159,7 @@ _lookup.defvjp(_lookup_fwd, _lookup_bwd)
 def embed_lookup(table_ve, ids_bt, out_dtype, grad_dtype=jnp.float32):
     """table[ids] as [B, T, E] in `out_dtype`; the table's gradient is summed in `grad_dtype`."""
     lay = layout(table_ve.shape, ("vocab", "embed"), ids_bt.shape)
-    with jax.named_scope("embed_lookup"):  # names its ops in HLO dumps (jaxswe.compiled_memory)
+    with jax.named_scope("embed_lookup"):  # names its ops in HLO dumps (jaxswe.plan.compiled_memory)
         return _lookup(lay, table_ve, ids_bt, jnp.dtype(out_dtype), jnp.dtype(grad_dtype))
 
 

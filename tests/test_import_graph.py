@@ -34,7 +34,7 @@ FLOORS = {
     "jaxswe.model": 2,
     **{f"jaxswe.{name}": 3 for name in ("agent", "rollout", "train", "run", "policy")},
     "jaxswe.rl": 4,
-    **{f"jaxswe.{name}": 5 for name in ("stages", "plan", "plan_compile", "compiled_memory")},
+    **{f"jaxswe.{name}": 5 for name in ("stages", "plan")},
     "jaxswe.cli": 6,
     "jaxswe.__main__": 6,
 }

@@ -100,8 +100,8 @@ def test_plan_compile_on_host_cpu_writes_hlo_and_counts_branches(capsys, tmp_pat
     8 fake CPU devices (toy-rl, dense attention: no branch in its loops); ~10 s."""
     import jax
 
-    from jaxswe.compiled_memory import conditionals
-    from jaxswe.plan_compile import render
+    from jaxswe.plan.compile_report import render
+    from jaxswe.plan.compiled_memory import conditionals
 
     args = ["plan", "--config", "configs/toy-rl.yaml", "--set", "model.attention=dense", "--compile"]
     main([*args, "--target", "cpu", "--hlo-dir", str(tmp_path / "hlo"), "--json"])

@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from jaxswe.compiled_memory import analyse, compile_programs
 from jaxswe.config import load_config
 from jaxswe.plan import plan_config
+from jaxswe.plan.compiled_memory import analyse, compile_programs
 
 CONFIG = """
 name: planner-check

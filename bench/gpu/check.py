@@ -335,7 +335,7 @@ def _train_section(rows: Rows, dry: bool, peaks: dict, seq_len: int) -> None:
         else "no measured peak (peaks failed)",
     )
     # XLA's memory analysis of the same program (CompiledMemory.peak's sum, written out here:
-    # jaxswe.compiled_memory needs pydantic, which the GPU image lacks)
+    # jaxswe.plan.compiled_memory needs pydantic, which the GPU image lacks)
     ma = step.jitted.lower(state, batch).compile().memory_analysis()
     compiler_peak = (
         ma.argument_size_in_bytes + ma.temp_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes

@@ -36,8 +36,8 @@ def register(app: typer.Typer) -> None:
         with --compile, the compiler's per-device peak beside the planner's."""
         from jaxswe.config import load_config
         from jaxswe.plan import plan_config, render  # jax: imported by the command, not by `--version`
-        from jaxswe.plan_compile import compile_report
-        from jaxswe.plan_compile import render as render_compiled
+        from jaxswe.plan.compile_report import compile_report
+        from jaxswe.plan.compile_report import render as render_compiled
 
         cfg = load_config(config, overrides)
         p, inp, what = plan_config(cfg, stage)

@@ -70,7 +70,7 @@ def make_steps(
     model_cfg: Any, opt_cfg: OptimizerSection, mesh: Any, rules: Any, attention: str, loss: LossSettings
 ) -> TrainerSteps:
     """The SFT and DAPO steps and the old-log-prob recompute pass a Trainer runs on `mesh`, and
-    `jaxswe.compiled_memory` compiles for a config with abstract inputs: one construction for
+    `jaxswe.plan.compiled_memory` compiles for a config with abstract inputs: one construction for
     both. The recompute pass splits rows like the train step, so it needs no more activation
     memory."""
     optimizer = make_optimizer(opt_cfg)

@@ -1,7 +1,7 @@
 """`jaxswe plan --compile`: the compiler's figures for a config's training stage beside the planner's.
 
-A child process (`python -m jaxswe.plan_compile`) compiles the real train step and recompute pass
-(`jaxswe.compiled_memory.compile_programs`) on the target's devices, chosen before jax starts:
+A child process (`python -m jaxswe.plan.compile_report`) compiles the real train step and recompute pass
+(`jaxswe.plan.compiled_memory.compile_programs`) on the target's devices, chosen before jax starts:
 - `h200`: a deviceless H200 of the config's device count (compile-only CUDA devices, no GPU). It
   needs the jax CUDA PJRT plugin of the installed jax, in a directory that JAXSWE_CUDA_PLUGIN names
   (kept off the venv: an installed plugin makes every jax import probe for a GPU).
@@ -59,7 +59,8 @@ def _compile_child(request: dict[str, Any]) -> dict[str, Any]:
     """In the child: compile both programs, write their HLO if asked, return what the compiler said."""
     import jax
 
-    from jaxswe.compiled_memory import (
+    from jaxswe.config import load_config
+    from jaxswe.plan.compiled_memory import (
         analyse,
         attention_kernel,
         compile_programs,
@@ -67,7 +68,6 @@ def _compile_child(request: dict[str, Any]) -> dict[str, Any]:
         config_devices,
         cuda_devices,
     )
-    from jaxswe.config import load_config
 
     cfg = load_config(request["config"], request["overrides"])
     n = config_devices(cfg)
@@ -102,7 +102,7 @@ def compile_report(
         "hlo_dir": str(hlo_dir.resolve()) if hlo_dir else None,
     }
     env = _child_env(target, p.devices)
-    cmd = [sys.executable, "-m", "jaxswe.plan_compile", json.dumps(request)]
+    cmd = [sys.executable, "-m", "jaxswe.plan.compile_report", json.dumps(request)]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if res.returncode:
         last = [ln for ln in res.stderr.splitlines() if ln.strip()][-1:] or [f"exit status {res.returncode}"]

@@ -33,6 +33,7 @@ class StageContext:
     task_ids: list[str]  # the tasks it trains on (RL: after rl.task_filter)
     eval_ids: list[str]
     make_env: EnvFactory
+    tasks: dict[str, Any] = field(default_factory=dict)  # every task it may run (train, eval, held-out)
     heldout_ids: list[str] = field(default_factory=list)  # eval.heldout: evaluated, never trained on
     backend: Backend | None = None
     init_from: str | None = None  # the stage or --init-from it starts from (None: cfg.init_from or new)
@@ -150,10 +151,16 @@ def heldout_tasks(cfg: RunConfig, train_tasks: list[Any] | None = None) -> list[
 
 
 def open_stage(
-    cfg: RunConfig, stage_dir: Path, *, init_from: str | None, policy: Policy | None = None
+    cfg: RunConfig,
+    stage_dir: Path,
+    *,
+    init_from: str | None,
+    policy: Policy | None = None,
+    inputs: tuple[list[Any], list[Any]] | None = None,
 ) -> StageContext:
-    """Check inputs, resolve the starting policy and write config.yaml + model.json."""
-    tasks, eval_tasks = check_inputs(cfg)
+    """Check inputs (unless `inputs` holds what `check_inputs` returned for this stage), resolve
+    the starting policy and write config.yaml + model.json."""
+    tasks, eval_tasks = inputs or check_inputs(cfg)
     heldout = heldout_tasks(cfg, tasks)
     if policy is None and is_toy(cfg) and not (init_from or cfg.init_from or cfg.model.path):
         policy = toy_policy(cfg, stage_dir)  # random init over the toy tokenizer it writes
@@ -172,6 +179,7 @@ def open_stage(
         task_ids=[t.instance_id for t in tasks],
         eval_ids=eval_ids,
         make_env=env_factory(cfg, list(by_id.values())),
+        tasks=by_id,
         heldout_ids=[t.instance_id for t in heldout],
         init_from=init_from,
     )

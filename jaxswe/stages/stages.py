@@ -105,11 +105,11 @@ def _run_stage(
 ) -> dict[str, Any]:
     start = time.monotonic()
     if name == "warmstart":
-        tasks, _ = check_inputs(cfg)
+        inputs = check_inputs(cfg)
         _banner(name, stage_dir, None)
         stage_dir.mkdir(parents=True, exist_ok=True)
-        policy = build_policy(cfg, stage_dir, tasks, env_factory(cfg, tasks))
-        ctx = open_stage(cfg, stage_dir, init_from=None, policy=policy)
+        policy = build_policy(cfg, stage_dir, inputs[0], env_factory(cfg, inputs[0]))
+        ctx = open_stage(cfg, stage_dir, init_from=None, policy=policy, inputs=inputs)
         summary = finish_stage(ctx, *run_warmstart(ctx, resume=resume))
     elif name == "rft":
         ctx = open_stage(cfg, stage_dir, init_from=init_from)

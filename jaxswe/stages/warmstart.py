@@ -31,7 +31,7 @@ from jaxswe.run.checkpoint import Checkpoints
 from jaxswe.run.layout import StageDir
 from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger
-from jaxswe.stages.context import StageContext, check_inputs
+from jaxswe.stages.context import StageContext
 from jaxswe.stages.sft import run_sft
 from jaxswe.train.trainer import Trainer
 
@@ -157,7 +157,7 @@ def run_warmstart(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], A
             _, items, meta = restored
             trainer.load_state(items)
             return dict(meta["summary"]), trainer.params
-    tasks = [t for t in check_inputs(cfg)[0] if t.instance_id in set(ctx.task_ids)]
+    tasks = [ctx.tasks[i] for i in ctx.task_ids]
     demos = loops.run(on_main_async(lambda: scripted_episodes(cfg, tasks, ctx.make_env, ctx.tokenizer)))
     save_jsonl(StageDir(stage_dir).episodes("demonstrations"), demos)
     good = [e for e in demos if e.resolved]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from jaxswe.rl.inputs import RLRun
@@ -31,8 +32,9 @@ def run_rl(ctx: StageContext, *, resume: bool, history_from: str | None = None) 
     """Run (or resume) RL in an opened stage, its tasks narrowed by the task filters; return the
     stage summary (written by `finish_stage`)."""
     checkpoints = rl_checkpoints(ctx.stage_dir, resume=resume)
-    ctx.task_ids, counts = filter_tasks(ctx.cfg, ctx.stage_dir, ctx.task_ids, history_from)
-    ctx.task_ids, strength = drop_weak_tasks(ctx.cfg, ctx.task_ids)
+    task_ids, counts = filter_tasks(ctx.cfg, ctx.stage_dir, ctx.task_ids, history_from)
+    task_ids, strength = drop_weak_tasks(ctx.cfg, task_ids)
+    ctx = replace(ctx, task_ids=task_ids)  # the caller's context keeps the stage's inputs
     ensure_backend(ctx)  # serves the starting policy, whose params the trainer then takes
     # the trainer lives only in the loop's inputs: the backend serves the trained weights and the
     # optimizer state is freed before the final eval

@@ -4,8 +4,11 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# `path:N` (`name`) or `Class.method` (`path:N`): the line must hold the name's last part
-NAMED = re.compile(r"`(jaxswe/[\w/]+\.py):(\d+)`\s+\(`([\w.]+)`|`([\w.]+)`\s+\(`(jaxswe/[\w/]+\.py):(\d+)`")
+# `path:N` (`name`), `Class.method` (`path:N`) or (`name`, `path:N`): the line must hold the name's last part
+NAMED = re.compile(
+    r"`(jaxswe/[\w/]+\.py):(\d+)`\s+\(`([\w.]+)`"
+    r"|`([\w.]+)`(?:\s+\(|,\s+)`(jaxswe/[\w/]+\.py):(\d+)`"
+)
 
 
 def test_each_named_reference_is_on_its_line():

@@ -17,8 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxswe.model import get_preset, init_params, token_logprobs
-from jaxswe.rollout.bias import BiasAlarm, sampling_bias
-from jaxswe.rollout.client import logprob_gap
+from jaxswe.rollout.bias import BiasAlarm, logprob_gap, sampling_bias
 from jaxswe.rollout.protocol import GenerateRequest
 from jaxswe.rollout.sampler import Sampler
 from jaxswe.rollout.types import SamplingParams

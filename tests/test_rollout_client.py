@@ -1,4 +1,5 @@
-"""RolloutClient without a model: parameter policy, retries, dead servers, parsing, logprob_gap."""
+"""RolloutClient without a model: parameter policy, retries, dead servers, parsing; and
+logprob_gap (jaxswe/rollout/bias.py)."""
 
 import asyncio
 
@@ -8,7 +9,8 @@ from aiohttp import web
 from helpers import free_port
 
 from jaxswe.errors import UserError
-from jaxswe.rollout.client import BiasedSamplingError, RolloutClient, RolloutError, logprob_gap
+from jaxswe.rollout.bias import logprob_gap
+from jaxswe.rollout.client import BiasedSamplingError, RolloutClient, RolloutError
 from jaxswe.rollout.protocol import ProtocolError, generation_from_json, parse_generate_body
 from jaxswe.rollout.types import SamplingParams
 

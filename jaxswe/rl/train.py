@@ -20,8 +20,7 @@ from jaxswe.packing import Sequence, TokenBatch, pack_sequences, pad_rows, split
 from jaxswe.rl.groups import Scored, trained_tokens
 from jaxswe.rl.inputs import RLRun
 from jaxswe.rl.pump import Collected
-from jaxswe.rollout.bias import BiasAlarm, sampling_bias
-from jaxswe.rollout.client import logprob_gap
+from jaxswe.rollout.bias import BiasAlarm, logprob_gap, sampling_bias
 from jaxswe.train.trainer import Trainer
 
 

@@ -1,4 +1,5 @@
-"""Detecting biased sampling that log-prob gaps cannot see.
+"""How far the rollout engine's sampling is from the trainer's: the log-prob gap (`logprob_gap`), and
+biased sampling, which the gap cannot see.
 
 Engines report log-probs of the untruncated softmax, so when a server applies top-k, top-p, min-p
 or a penalty on its side the rollout-vs-trainer log-prob gap stays ~0. What truncation does change
@@ -105,3 +106,25 @@ class BiasAlarm:
                 message + "; stopped before training on them (rl.bias_alarm_stop=false only warns)"
             )
         return True
+
+
+def logprob_gap(rollout_logprobs: Any, trainer_logprobs: Any, mask: Any) -> dict[str, float]:
+    """Mismatch between rollout-engine and trainer log-probs of the same sampled tokens.
+
+    Returns mean and max absolute difference over masked tokens and `kl`, the k3 estimate
+    `E[r - 1 - log r]` with `r = p_trainer / p_rollout` of KL(rollout || trainer) (tokens were drawn
+    from the rollout engine; non-negative, low variance). All 0.0 when the mask is empty.
+    """
+    rollout = np.asarray(rollout_logprobs, np.float64)
+    trainer = np.asarray(trainer_logprobs, np.float64)
+    m = np.asarray(mask, bool)
+    if rollout.shape != trainer.shape or rollout.shape != m.shape:
+        raise ValueError(f"shapes differ: rollout {rollout.shape}, trainer {trainer.shape}, mask {m.shape}")
+    if not m.any():
+        return {"mean_abs": 0.0, "max_abs": 0.0, "kl": 0.0}
+    diff = (trainer - rollout)[m]
+    return {
+        "mean_abs": float(np.mean(np.abs(diff))),
+        "max_abs": float(np.max(np.abs(diff))),
+        "kl": float(np.mean(np.expm1(diff) - diff)),
+    }

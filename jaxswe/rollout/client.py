@@ -41,7 +41,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
-import numpy as np
 
 from jaxswe.errors import UserError
 from jaxswe.rollout.protocol import (
@@ -466,28 +465,6 @@ class RolloutClient:
         self._cancelled.update(self._rids if abort_all else {rid} & self._rids)
         wire = self._wire.get(rid, rid) if rid else ""
         await self._post_all("/abort_request", {"rid": wire, "abort_all": abort_all})
-
-
-def logprob_gap(rollout_logprobs: Any, trainer_logprobs: Any, mask: Any) -> dict[str, float]:
-    """Mismatch between rollout-engine and trainer log-probs of the same sampled tokens.
-
-    Returns mean and max absolute difference over masked tokens and `kl`, the k3 estimate
-    `E[r - 1 - log r]` with `r = p_trainer / p_rollout` of KL(rollout || trainer) (tokens were drawn
-    from the rollout engine; non-negative, low variance). All 0.0 when the mask is empty.
-    """
-    rollout = np.asarray(rollout_logprobs, np.float64)
-    trainer = np.asarray(trainer_logprobs, np.float64)
-    m = np.asarray(mask, bool)
-    if rollout.shape != trainer.shape or rollout.shape != m.shape:
-        raise ValueError(f"shapes differ: rollout {rollout.shape}, trainer {trainer.shape}, mask {m.shape}")
-    if not m.any():
-        return {"mean_abs": 0.0, "max_abs": 0.0, "kl": 0.0}
-    diff = (trainer - rollout)[m]
-    return {
-        "mean_abs": float(np.mean(np.abs(diff))),
-        "max_abs": float(np.max(np.abs(diff))),
-        "kl": float(np.mean(np.expm1(diff) - diff)),
-    }
 
 
 def client_from_config(rollout: Any) -> RolloutClient:

@@ -4,7 +4,8 @@
 virtualenv WITHOUT the host's site-packages by the official recipe's steps: the repository's
 requirements at the environment commit as swebench reads and cleans them (`packages:
 requirements.txt`, `reqs_path`), the spec's `packages` and `pip_packages`, then the recipe's
-`install` (e.g. `pip install -e .`) run in a clean copy of the repository at the base commit; the
+`install` (e.g. `pip install -e .`) run in a clean copy of the repository at the base commit (a venv
+whose pip predates 20.3, on Python 3.5 or 3.6, first gets the pip conda's environments have); the
 repository's own distribution is then kept as metadata only (METADATA, entry points: what
 `importlib.metadata` and plugin loaders read) without its code or import hooks, so no code of a
 graded patch runs before the grader's checks and the code under test is always the sandbox's
@@ -49,6 +50,11 @@ if TYPE_CHECKING:
 
 _READY = "jaxswe-venv.json"
 _RECIPE_KEYS = ("python", "packages", "pip_packages", "reqs_path", "install")
+# pip 20.3 and later skip a release whose Requires-Python excludes the venv's Python; ensurepip's pip
+# on Python 3.5 and 3.6 (9, 18.1) takes the newest release an index offers without that data (a
+# local mirror, a find-links folder) and fails. 21.3.1, the last pip for 3.6, is what conda's
+# Python 3.6 environments, the official recipe's, carry (21.x).
+_RESOLVING_PIP = "pip>=20.3,<21.4"
 
 
 def _recipe(task: Task) -> dict[str, Any]:
@@ -227,6 +233,8 @@ def _build(task: Task, venv: Path) -> None:
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install"]
     with tempfile.TemporaryDirectory(prefix="jaxswe-venv-build-") as tmp:
         run = functools.partial(_run, cwd=Path(tmp), env=env)
+        if _pip_version(venv) < (20, 3):
+            run([*pip, _RESOLVING_PIP], what=f"pip install {_RESOLVING_PIP}")
         if task.requirement_files:
             path, text = task_requirements(task)
             (Path(tmp) / "requirements.txt").write_text(text)
@@ -240,6 +248,13 @@ def _build(task: Task, venv: Path) -> None:
             _install_repository(task, venv, Path(tmp) / "repo", env)
     if subprocess.run([str(venv / "bin" / "python"), "-c", "import pytest"], capture_output=True).returncode:
         _run([*pip, "pytest"], cwd=venv, env=env, what="pip install pytest")
+
+
+def _pip_version(venv: Path) -> tuple[int, ...]:
+    """The (major, minor) of the venv's pip."""
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", "import pip; print(pip.__version__)"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return tuple(int(part) for part in done.stdout.split(".")[:2])
 
 
 def _install_repository(task: Task, venv: Path, checkout: Path, env: dict[str, str]) -> None:

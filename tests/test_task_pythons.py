@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from envs.errors import SandboxError
 from envs.grading import grade
 from envs.images import requirement_steps
 from envs.tasks import Task, task_from_record
-from envs.venvs import find_python, task_requirements, venv_binds
+from envs.venvs import find_python, task_requirements, task_venv, venv_binds
 
 PYENV = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
 OTHER = "3.9"  # a spec Python of most SWE-bench repositories, not the grader's own 3.11
@@ -192,6 +193,39 @@ def test_a_failed_build_is_an_infrastructure_failure_with_pips_error_once(tmp_pa
     assert json.loads(line)["reason"].startswith("infrastructure failure: ")
     assert line.count("No matching distribution found for pytest==99.0") == 1
     assert "0 valid, 0 invalid, 1 infrastructure failures" in done.stderr
+
+
+def _wheel_without_index_data(folder: Path, name: str, version: str, requires_python: str) -> None:
+    """A wheel in a find-links folder: only its METADATA, read once pip has it, names its Python."""
+    dist = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as wheel:
+        wheel.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                           f"Requires-Python: {requires_python}\n")  # fmt: skip
+        wheel.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{dist}/RECORD", "")
+
+
+@pytest.mark.slow
+def test_a_python_36_venv_skips_releases_it_cannot_run(tmp_path, monkeypatch):
+    """An index offering a pytest for Python >= 3.10 without saying so in its listing (a find-links
+    folder, as local mirrors are): ensurepip's pip 18.1 on 3.6 takes it and the build fails; the venv's
+    pip is first raised to 21.3.1 (conda's Python 3.6 has 21.x), which reads the wheel's
+    Requires-Python, skips it and installs pytest 7.0.1, the last release for 3.6."""
+    try:
+        find_python("3.6")
+    except SandboxError as err:  # CI has pyenv builds of 3.6-3.13: there a missing one fails
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(str(err))
+    links = tmp_path / "links"
+    links.mkdir()
+    _wheel_without_index_data(links, "pytest", "99.0", ">=3.10")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    monkeypatch.setenv("JAXSWE_CACHE_DIR", str(tmp_path / "cache"))
+    venv = task_venv(_task(tmp_path, python="3.6", pip_packages=["pytest"]))
+    show = (
+        "import pip, pytest, sys; print(pip.__version__, pytest.__version__, '%d.%d' % sys.version_info[:2])"
+    )
+    versions = subprocess.run([str(venv / "bin" / "python"), "-c", show], capture_output=True, text=True)
+    assert versions.stdout.split() == ["21.3.1", "7.0.1", "3.6"], versions.stderr
 
 
 def test_requirements_are_read_as_swebench_reads_them():

@@ -7,6 +7,7 @@ puts the task environment's own import path ($JAXSWE_GRADER_PATH, the sandbox's 
 PYTHONPATH would have put it, and, for a `python -m pytest` command (started through the grader's
 launcher, whose sys.path[0] is the private directory on every Python), the working directory first,
 as `python -m` would have. So the checkout is never on sys.path while pytest imports its own modules.
+PYTHONPATH itself goes back to the task environment's, for the processes the tests start.
 
 It writes one JSON line per event to the report file the grader names in $JAXSWE_GRADER_REPORT
 (popped from the environment at import): `start`; one `test` line per setup/call/teardown report,
@@ -36,11 +37,17 @@ _timeout = float(os.environ.pop("JAXSWE_GRADER_TEST_TIMEOUT", "0") or 0)
 
 
 def _task_path():
-    """Put the task's own import path on sys.path (see the module docstring)."""
+    """Put the task's own import path on sys.path (see the module docstring), and give the tests'
+    own child processes (`python -m package` in a test) the task environment's PYTHONPATH."""
     here = os.path.dirname(os.path.abspath(__file__))
-    entries = [os.path.abspath(p or os.curdir) for p in os.environ.pop("JAXSWE_GRADER_PATH", "").split(":")]
+    task_path = os.environ.pop("JAXSWE_GRADER_PATH", "")
+    entries = [os.path.abspath(p or os.curdir) for p in task_path.split(":")]
     at = next((i + 1 for i, p in enumerate(sys.path) if p and os.path.abspath(p) == here), len(sys.path))
     sys.path[at:at] = [p for p in entries if p not in sys.path]
+    if task_path:
+        os.environ["PYTHONPATH"] = task_path
+    else:
+        os.environ.pop("PYTHONPATH", None)
     if os.environ.pop("JAXSWE_GRADER_CWD", ""):
         sys.path.insert(0, os.getcwd())
 

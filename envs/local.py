@@ -354,6 +354,7 @@ class LocalSandbox:
         writable = [str(self.root / sub) for sub in ("home", "repo")]
         readonly = [*_python_prefixes(self.host_python), *self.ro_binds]
         binds = [*_system_binds(), "--proc", "/proc", "--dev", "/dev"]
+        binds += ["--perms", "1777", "--tmpfs", "/dev/shm"]  # POSIX semaphores: multiprocessing locks
         binds += ["--bind", str(self.root / "tmp"), "/tmp"]
         binds += _parents([*readonly, *writable])  # after /tmp: a venv under /tmp gets traversable parents
         for path in writable:

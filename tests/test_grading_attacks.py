@@ -310,6 +310,29 @@ def test_a_base_plugin_found_only_through_the_task_path_still_loads(task, tmp_pa
     assert gold.resolved and "LOCAL PLUGIN LOADED" in gold.log, gold.reason
 
 
+def test_a_tests_child_process_imports_the_package_as_the_environment_says(task, tmp_path):
+    """A test that starts a Python of its own (`python -m package`, here from another directory)
+    finds the task's package through the environment's PYTHONPATH, not the grader's private one;
+    and the sandbox's /dev/shm takes a multiprocessing lock: gold resolves."""
+    repo = tmp_path / "repo"
+    shutil.copytree(clean_template(task), repo, symlinks=True)
+    (repo / "tests" / "test_child.py").write_text(
+        "import multiprocessing\nimport subprocess\nimport sys\n\n\n"
+        "def test_child_imports_the_package():\n"
+        "    multiprocessing.Lock()\n"
+        "    subprocess.run([sys.executable, '-c', 'import billsplit'], cwd='/', check=True)\n"
+    )
+    run = {"cwd": repo, "capture_output": True, "text": True, "check": True}
+    subprocess.run(["git", "add", "-A"], **run)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "child"], **run)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], **run).stdout.strip()
+    child = "tests/test_child.py::test_child_imports_the_package"
+    own = replace(task, instance_id="child__base-1", base_commit=head, source_dir=str(repo), twins=(),
+                  pass_to_pass=(*task.pass_to_pass, child))  # fmt: skip
+    gold = grade(own, own.patch)
+    assert gold.resolved and gold.tests[child] == "PASSED", (gold.reason, gold.log[-2000:])
+
+
 def test_plugin_hack_fails_with_the_reset_off(task, tmp_path, monkeypatch):
     """Depth: without the protected-path reset (the tripwires only flag), the config-loaded plugin
     cannot import (the checkout is on sys.path only once the grader's plugin put it there, and a

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from test_rl_mined import _free_port
+from helpers import free_port
 
 from jaxswe.rollout.client import RolloutClient, RolloutError
 
@@ -42,7 +42,7 @@ async def _recording_workers(n: int, *, slow_pause: float, failing: int | None):
             app.router.add_post(path, handler(i))
         runner = web.AppRunner(app)
         await runner.setup()
-        port = _free_port()
+        port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         runners.append(runner)
         urls.append(f"http://127.0.0.1:{port}")

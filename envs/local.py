@@ -354,7 +354,8 @@ class LocalSandbox:
         writable = [str(self.root / sub) for sub in ("home", "repo")]
         readonly = [*_python_prefixes(self.host_python), *self.ro_binds]
         binds = [*_system_binds(), "--proc", "/proc", "--dev", "/dev"]
-        binds += ["--perms", "1777", "--tmpfs", "/dev/shm"]  # POSIX semaphores: multiprocessing locks
+        # POSIX semaphores (multiprocessing's locks) need a writable /dev/shm: 64 MiB, as Docker's
+        binds += ["--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/dev/shm"]
         binds += ["--bind", str(self.root / "tmp"), "/tmp"]
         binds += _parents([*readonly, *writable])  # after /tmp: a venv under /tmp gets traversable parents
         for path in writable:

@@ -129,6 +129,9 @@ def test_bwrap_isolation():
         assert sb.exec(f"touch {Path.home()}/jaxswe-x").exit_code != 0
         assert sb.exec("echo hi > /tmp/f && cat /tmp/f").output == "hi\n"
         assert sb.read_file("/tmp/f") == "hi\n"  # the sandbox's own /tmp
+        # /dev/shm: anyone may write it (multiprocessing's semaphores), 64 MiB at most
+        shm = sb.exec("stat -c %a /dev/shm; head -c 70M /dev/zero > /dev/shm/big; echo $?; rm /dev/shm/big")
+        assert shm.output.split()[0] == "1777" and shm.output.split()[-1] != "0", shm.output
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)

@@ -150,6 +150,15 @@ def test_jax_fork_warning_prints_once_per_process(mode, copies):
     assert out.stderr.count("RuntimeWarning: os.fork() was called") == copies, out.stderr
 
 
+def _running(cmdline: str) -> int:
+    """How many processes run with this exact command line (NUL-separated, as /proc shows it)."""
+    count = 0
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            count += proc.name.isdigit() and (proc / "cmdline").read_bytes() == cmdline.encode()
+    return count
+
+
 def test_cancelled_episodes_close_their_sandboxes_at_once():
     """What Ctrl-C does to SWE episodes: cancelled while each runs a long command in its sandbox,
     every environment closes at once (the command killed, the sandbox directory gone), not once
@@ -184,7 +193,9 @@ def test_cancelled_episodes_close_their_sandboxes_at_once():
         )
         while len(router.outputs) < len(tasks):  # both episodes sent their command
             await asyncio.sleep(0.05)
-        await asyncio.sleep(1.0)  # ... and their sandboxes run it
+        deadline = time.monotonic() + 60
+        while _running("sleep\x0060\x00") < len(tasks) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # ... and their sandboxes run it (opening one can take seconds)
         roots = [env.sandbox.root for env in envs]
         run.cancel()
         t0 = time.monotonic()

@@ -382,17 +382,22 @@ class LocalSandbox:
         fds = (_filter_fd(),) if self.isolation == "bwrap" else ()  # bwrap reads the seccomp filter from it
         stderr = subprocess.DEVNULL if merge is None else subprocess.STDOUT if merge else subprocess.PIPE
         try:
-            return subprocess.Popen(
-                self._argv(argv, as_pid_1=as_pid_1, seccomp_fd=fds[0] if fds else None),
-                cwd=self.workdir if self.isolation == "none" else "/",
-                env=env,
-                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                start_new_session=True,
-                preexec_fn=_set_limits({k: v for k, v in self.limits.items() if k in _RLIMITS}, self.caps),
-                pass_fds=fds,
-            )
+            with self._lock:  # no process starts once close() began: close kills every one before
+                if self._closed:
+                    raise SandboxError("the sandbox was closed")
+                return subprocess.Popen(
+                    self._argv(argv, as_pid_1=as_pid_1, seccomp_fd=fds[0] if fds else None),
+                    cwd=self.workdir if self.isolation == "none" else "/",
+                    env=env,
+                    stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    start_new_session=True,
+                    preexec_fn=_set_limits(
+                        {k: v for k, v in self.limits.items() if k in _RLIMITS}, self.caps
+                    ),
+                    pass_fds=fds,
+                )
         finally:
             for fd in fds:
                 os.close(fd)

@@ -118,6 +118,29 @@ def test_timeout_kills_everything_it_started(isolation):
     assert marked_pids(f"JAXSWE_SANDBOX={sb.id}") == []
 
 
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_no_command_starts_once_close_began(isolation, monkeypatch):
+    """Ctrl-C closes an episode's sandbox while its command thread may be about to start the
+    command: the command must not start (else the close returns and the command runs on, its
+    thread holding up the run's end until it times out)."""
+    import envs.local as local
+
+    task = load_tasks(DATA)[0]
+    sb = open_sandbox(task, "local", isolation=isolation)
+    real = local.resolve_timeout
+
+    def closed_meanwhile(timeout, default):  # exec is past its own closed check
+        closer = threading.Thread(target=sb.close)
+        closer.start()
+        closer.join()
+        return real(timeout, default)
+
+    monkeypatch.setattr(local, "resolve_timeout", closed_meanwhile)
+    with pytest.raises(SandboxError, match="closed"):
+        sb.exec("sleep 60")
+    assert marked_pids(f"JAXSWE_SANDBOX={sb.id}") == []
+
+
 @pytest.mark.skipif(not bwrap_available(), reason="bubblewrap not installed")
 def test_bwrap_isolation():
     task = load_tasks(DATA)[0]

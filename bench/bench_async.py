@@ -34,6 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from jaxswe.config import load_config  # noqa: E402
 from jaxswe.run.metrics import read_rows  # noqa: E402
 from jaxswe.stages.context import open_stage  # noqa: E402
+from jaxswe.stages.finish import finish_stage  # noqa: E402
 from jaxswe.stages.rl import run_rl  # noqa: E402
 
 CONFIG = ROOT / "configs" / "toy-rl.yaml"
@@ -79,8 +81,8 @@ def run(run_dir: Path, sets: list[str], *, step_s: float = 0.0) -> list[dict]:
     cfg = load_config(CONFIG, sets)
     ctx = open_stage(cfg, run_dir, init_from=None)
     if step_s:
-        ctx.make_env = straggler_factory(ctx.make_env, step_s, 0.05, cfg.seed)
-    run_rl(ctx, history_from=None, resume=False)
+        ctx = replace(ctx, make_env=straggler_factory(ctx.make_env, step_s, 0.05, cfg.seed))
+    finish_stage(ctx, *run_rl(ctx, resume=False))
     return read_rows(run_dir / "metrics.jsonl")
 
 

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -24,7 +25,8 @@ from jaxswe.rollout.backends import EmbeddedBackend  # noqa: E402
 from jaxswe.rollout.engine import EmbeddedEngine  # noqa: E402
 from jaxswe.rollout.sampler import Sampler  # noqa: E402
 from jaxswe.run import checkpoint as ckpt_mod  # noqa: E402
-from jaxswe.stages.context import StageContext  # noqa: E402
+from jaxswe.stages.context import StageBackend, StageContext  # noqa: E402
+from jaxswe.stages.finish import finish_stage  # noqa: E402
 from jaxswe.stages.rl import run_rl  # noqa: E402
 
 
@@ -58,9 +60,10 @@ def main() -> None:
         task_ids=ids,
         eval_ids=ids,
         make_env=toy_env_factory(0, 2),
-        backend=EmbeddedBackend(EmbeddedEngine(sampler, max_batch=64), policy.model_cfg),
     )
-    run_rl(ctx, resume=resume)
+    engine = EmbeddedBackend(EmbeddedEngine(sampler, max_batch=64), policy.model_cfg)
+    ctx = replace(ctx, backend=StageBackend(cfg, policy, run_dir, opened=engine))
+    finish_stage(ctx, *run_rl(ctx, resume=resume))
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def test_rl_refuses_existing_checkpoints_without_resume(tmp_path, capsys):
     (tmp_path / "checkpoints" / "1" / "_CHECKPOINT_METADATA").write_text(json.dumps({}))
     ctx = StageContext(config_from_dict({}), tmp_path, None, None, [], [], None)
     with pytest.raises(Exception, match="--resume"):
-        run_rl(ctx, resume=False)
+        run_rl(ctx, resume=False)  # before any work
 
 
 def test_turn_penalty_threshold_checked_before_work(tmp_path, config, capsys):

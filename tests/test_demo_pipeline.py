@@ -115,7 +115,7 @@ def _distance(a, b) -> float:
 def test_demo_tokenizer_corpus_is_reproducible():
     """The demo tokenizer's corpus holds no random sandbox name: same tasks, same tokenizer."""
     cfg = load_config(CONFIG, ["task_subset=[builtin__stack-1]"])
-    tasks, _ = check_inputs(cfg)
+    tasks = check_inputs(cfg).tasks
     make_env = env_factory(cfg, tasks)
     first, second = corpus_texts(cfg, tasks, make_env), corpus_texts(cfg, tasks, make_env)
     assert first == second

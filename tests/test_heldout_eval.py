@@ -6,7 +6,7 @@ import pytest
 
 from jaxswe.config import load_config
 from jaxswe.errors import UserError
-from jaxswe.stages.context import check_inputs, heldout_tasks
+from jaxswe.stages.context import check_inputs
 from jaxswe.stages.stages import paired_comparisons
 
 CONFIG = "configs/demo-cpu.yaml"
@@ -14,10 +14,10 @@ CONFIG = "configs/demo-cpu.yaml"
 
 def test_heldout_tasks_are_known_and_never_trained_on():
     cfg = load_config(CONFIG, ["task_subset=[builtin__stack-1]", "eval.heldout=[builtin__lru-1]"])
-    tasks, eval_tasks = check_inputs(cfg)
+    tasks, eval_tasks, heldout = check_inputs(cfg)
     assert [t.instance_id for t in tasks] == [t.instance_id for t in eval_tasks] == ["builtin__stack-1"]
-    assert [t.instance_id for t in heldout_tasks(cfg, tasks)] == ["builtin__lru-1"]
-    assert heldout_tasks(load_config(CONFIG, ["eval.heldout=[]"])) == []  # the default: no held-out check
+    assert [t.instance_id for t in heldout] == ["builtin__lru-1"]
+    assert check_inputs(load_config(CONFIG, ["eval.heldout=[]"])).heldout == []  # the default: none
     with pytest.raises(UserError, match="training tasks"):
         check_inputs(
             load_config(CONFIG, ["task_subset=[builtin__stack-1]", "eval.heldout=[builtin__stack-1]"])

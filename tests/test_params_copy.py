@@ -12,7 +12,7 @@ import jax
 
 from jaxswe.config import load_config
 from jaxswe.rl.loop import rl_trainer
-from jaxswe.stages.context import ensure_backend, open_stage
+from jaxswe.stages.context import open_stage
 from jaxswe.stages.rft import rft_trainer
 from jaxswe.train.trainer import params_placement
 
@@ -61,7 +61,7 @@ def test_rl_trainer_holds_the_only_params_copy(tmp_path):
     before = live_bytes()
     ctx = _open(cfg, tmp_path / "rl")
     params = device_bytes(ctx.policy.params)
-    sampler = device_bytes(ensure_backend(ctx).engine.sampler.params)  # the embedded engine's own
+    sampler = device_bytes(ctx.backend.serve().engine.sampler.params)  # the embedded engine's own
     trainer = rl_trainer(cfg, ctx.policy)
     state = device_bytes(trainer.state())
     extra = live_bytes() - before - state - sampler

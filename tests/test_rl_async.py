@@ -344,12 +344,13 @@ def _k1_run(run_dir: Path, *sets: str) -> tuple[list[dict], dict[int, dict], obj
     one device (tests/test_stages_handoff.py says why): its rows, every synced version's weights
     and the model config."""
     from jaxswe.config import load_config
-    from jaxswe.stages.context import ensure_backend, open_stage
+    from jaxswe.stages.context import open_stage
+    from jaxswe.stages.finish import finish_stage
     from jaxswe.stages.rl import run_rl
 
     cfg = load_config(CONFIG, ["rl.max_staleness=1", "eval.after_stage=false", "mesh.devices=1", *sets])
     ctx = open_stage(cfg, run_dir, init_from=None)
-    backend = ensure_backend(ctx)
+    backend = ctx.backend.serve()
     weights = {0: jax.tree.map(np.array, ctx.policy.params)}
     sync = backend.sync_weights
 
@@ -358,7 +359,7 @@ def _k1_run(run_dir: Path, *sets: str) -> tuple[list[dict], dict[int, dict], obj
         await sync(params, export_dir, version=version)
 
     backend.sync_weights = keep_versions
-    run_rl(ctx, history_from=None, resume=False)
+    finish_stage(ctx, *run_rl(ctx, resume=False))
     return read_rows(run_dir / "metrics.jsonl"), weights, ctx.policy.model_cfg
 
 

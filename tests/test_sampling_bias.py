@@ -22,6 +22,7 @@ from jaxswe.rollout.engine import EmbeddedEngine
 from jaxswe.rollout.sampler import Sampler
 from jaxswe.rollout.server import RolloutServer
 from jaxswe.rollout.weights import load_model
+from jaxswe.stages.context import StageBackend
 from jaxswe.stages.rl import rl_inputs
 from jaxswe.stages.runtime import make_backend
 
@@ -135,7 +136,8 @@ def _rl(tmp_path, name, policy, tok, server, iterations):
         rl={"iterations": iterations, "problems_per_iteration": 4, "group_size": 4, "rows_per_step": 8},
     )
     ctx = toy_context(cfg, tmp_path / name, policy, tok, NV)
-    ctx.backend = make_backend(cfg, policy)
+    backend = StageBackend(cfg, policy, ctx.stage_dir, opened=make_backend(cfg, policy))
+    ctx = dataclasses.replace(ctx, backend=backend)
     return rl_inputs(ctx, rl_trainer(cfg, policy), rl_checkpoints(ctx.stage_dir, resume=False))
 
 

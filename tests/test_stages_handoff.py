@@ -2,6 +2,7 @@
 `jaxswe rft` / `jaxswe rl`), with stage 2's task filter applied from stage 1's saved history."""
 
 import json
+from dataclasses import replace
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ from jaxswe.model import token_logprobs
 from jaxswe.policy import load_policy
 from jaxswe.rl.problems import filter_by_history, load_history
 from jaxswe.run.metrics import read_rows
+from jaxswe.stages.finish import finish_stage
 from jaxswe.stages.rft import run_rft
 from jaxswe.stages.rl import run_rl
 
@@ -46,7 +48,8 @@ def test_rft_rl_stage2_handoff(tmp_path):
     # RL stage 1 starts from the RFT checkpoint.
     p1 = load_policy(tmp_path / "rft", cfg)
     assert _same(p1.params, rft_params)
-    s1 = run_rl(toy_context(cfg, tmp_path / "rl1", p1, tok, NV, seed=1), history_from=None, resume=False)
+    ctx1 = toy_context(cfg, tmp_path / "rl1", p1, tok, NV, seed=1)
+    s1 = finish_stage(ctx1, *run_rl(ctx1, resume=False))
     assert s1["iterations"] == 1
     history = load_history(tmp_path / "rl1")
     assert sum(len(v) for v in history.values()) == len(
@@ -70,9 +73,9 @@ def test_rft_rl_stage2_handoff(tmp_path):
     logp = np.asarray(token_logprobs(p1.params, p1.model_cfg, jnp.asarray([ep.input_ids])))[0]
     mask = np.asarray(ep.loss_mask) > 0
     np.testing.assert_allclose(logp[mask], np.asarray(ep.rollout_logprobs)[mask], atol=1e-4)
-    ctx2 = toy_context(cfg2, tmp_path / "rl2", p2, tok, NV, seed=2)
+    ctx2 = replace(toy_context(cfg2, tmp_path / "rl2", p2, tok, NV, seed=2), init_from=str(tmp_path / "rl1"))
     expected, counts = filter_by_history(ctx2.task_ids, history, drop_never_solved=False)
-    s2 = run_rl(ctx2, history_from=str(tmp_path / "rl1"), resume=False)
+    s2 = finish_stage(ctx2, *run_rl(ctx2, resume=False))
     saved = json.loads((tmp_path / "rl2" / "task_filter.json").read_text())
     assert saved["pool"] == expected and s2["task_filter"] == counts
     trained_on = {e.task_id for e in load_jsonl(tmp_path / "rl2" / "trajectories" / "iter_0001.jsonl")}

@@ -3,10 +3,11 @@ stage dir, starting policy, tokenizer, tasks, environments, rollout backend."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from jaxswe.agent.episodes import EnvFactory
 from jaxswe.config import RunConfig
@@ -20,10 +21,46 @@ from jaxswe.stages.stage_io import prepare_stage_dir
 from jaxswe.stages.toy import is_toy, toy_policy, toy_tasks
 
 
-@dataclass
+class StageBackend:
+    """A stage's rollout backend: opened on first use, closed at the stage's end. Every copy of
+    the stage's context shares it (`dataclasses.replace`)."""
+
+    def __init__(self, cfg: RunConfig, policy: Policy | None, stage_dir: Path, opened: Backend | None = None):
+        self._cfg, self._policy, self._stage_dir = cfg, policy, stage_dir
+        self._backend = opened
+
+    def serve(self, params: Any | None = None) -> Backend:
+        """The backend, serving `params` (default: the starting policy, policy version 0;
+        `params`, the stage's trained policy, is version 1). Opened after the trainer took the
+        starting params over (`Policy.hand_over`), it needs `params`."""
+        version = 0 if params is None else 1
+        served = self._policy.params if params is None else params
+        weights = StageDir(self._stage_dir).weights
+        if self._backend is None:
+            self._backend = make_backend(self._cfg, replace(self._policy, params=served))
+            if self._cfg.rollout.engine != "embedded" or params is not None:
+                run_phase(self._backend, self._backend.sync_weights(served, weights, version=version))
+        elif params is not None:
+            run_phase(self._backend, self._backend.sync_weights(params, weights, version=version))
+        return self._backend
+
+    @property
+    def opened(self) -> Backend:
+        """The open backend (`serve` opens it)."""
+        if self._backend is None:
+            raise RuntimeError("the stage's backend is not open: call serve() first")
+        return self._backend
+
+    def close(self) -> None:
+        if self._backend is not None:
+            asyncio.run(self._backend.close())
+            self._backend = None
+
+
+@dataclass(frozen=True)
 class StageContext:
-    """What a stage reads while it runs. `backend` opens on first use (`ensure_backend`);
-    the trainers stay in the stages that build them, so their optimizer state is freed before the
+    """What a stage runs with: its inputs, fixed once the stage is open, and its rollout backend.
+    The trainers stay in the stages that build them, so their optimizer state is freed before the
     final eval."""
 
     cfg: RunConfig
@@ -35,8 +72,12 @@ class StageContext:
     make_env: EnvFactory
     tasks: dict[str, Any] = field(default_factory=dict)  # every task it may run (train, eval, held-out)
     heldout_ids: list[str] = field(default_factory=list)  # eval.heldout: evaluated, never trained on
-    backend: Backend | None = None
     init_from: str | None = None  # the stage or --init-from it starts from (None: cfg.init_from or new)
+    backend: StageBackend = None  # type: ignore[assignment]  # None: a new one, opened on first use
+
+    def __post_init__(self) -> None:
+        if self.backend is None:
+            object.__setattr__(self, "backend", StageBackend(self.cfg, self.policy, self.stage_dir))
 
     @property
     def sampling(self) -> SamplingParams:
@@ -49,6 +90,14 @@ class StageContext:
             min_p=r.min_p,
             max_new_tokens=r.max_new_tokens,
         )
+
+
+class StageInputs(NamedTuple):
+    """A stage's tasks, checked: what it trains on, evaluates, and evaluates as held out."""
+
+    tasks: list[Any]
+    eval_tasks: list[Any]
+    heldout: list[Any]
 
 
 def check_settings(cfg: RunConfig) -> None:
@@ -108,15 +157,17 @@ def start_sandboxes(cfg: RunConfig) -> None:
         print(f"jaxswe: removed {len(removed)} sandboxes left by dead runs", file=sys.stderr)
 
 
-def check_inputs(cfg: RunConfig) -> tuple[list[Any], list[Any]]:
-    """Validate everything outside the model before work starts: settings, isolation, tasks, servers."""
+def check_inputs(cfg: RunConfig) -> StageInputs:
+    """Validate everything outside the model before work starts: settings, isolation, tasks
+    (each task file read once), servers."""
     check_settings(cfg)
     if not is_toy(cfg):  # the toy game runs no commands
         check_isolation(cfg)
         if cfg.env.backend == "docker" and cfg.env.docker_hosts:
             start_engine_pool(cfg)
-    tasks = toy_tasks(cfg) if is_toy(cfg) else load_pool(cfg.env.tasks)
-    eval_tasks = load_pool(cfg.env.eval_tasks) if cfg.env.eval_tasks else tasks
+    pool = toy_tasks(cfg) if is_toy(cfg) else load_pool(cfg.env.tasks)
+    eval_pool = load_pool(cfg.env.eval_tasks) if cfg.env.eval_tasks else pool
+    tasks, eval_tasks = pool, eval_pool
     if cfg.task_subset:
         known = {t.instance_id for t in [*tasks, *eval_tasks]}
         missing = [t for t in cfg.task_subset if t not in known]
@@ -124,24 +175,19 @@ def check_inputs(cfg: RunConfig) -> tuple[list[Any], list[Any]]:
             raise UserError(f"task_subset: unknown instance ids {missing}")
         tasks = [t for t in tasks if t.instance_id in cfg.task_subset]
         eval_tasks = [t for t in eval_tasks if t.instance_id in cfg.task_subset]
-    heldout_tasks(cfg, tasks)  # checked here, before any stage starts
+    heldout = _heldout(cfg, eval_pool, tasks)
     if cfg.rollout.engine != "embedded":
         check_servers(cfg)
-    return tasks, eval_tasks
+    return StageInputs(tasks, eval_tasks, heldout)
 
 
-def heldout_tasks(cfg: RunConfig, train_tasks: list[Any] | None = None) -> list[Any]:
-    """The eval.heldout tasks (from env.eval_tasks, else env.tasks), checked: known ids, none of
-    them a task the stages train on."""
-    if not cfg.eval.heldout:
-        return []
-    pool = load_pool(cfg.env.eval_tasks or cfg.env.tasks)
+def _heldout(cfg: RunConfig, pool: list[Any], train_tasks: list[Any]) -> list[Any]:
+    """The eval.heldout tasks of `pool` (env.eval_tasks, else env.tasks), checked: known ids,
+    none of them a task the stages train on."""
     known = {t.instance_id: t for t in pool}
     missing = [t for t in cfg.eval.heldout if t not in known]
     if missing:
         raise UserError(f"eval.heldout: unknown instance ids {missing}")
-    if train_tasks is None:
-        train_tasks = check_inputs(cfg)[0]
     trained = sorted(set(cfg.eval.heldout) & {t.instance_id for t in train_tasks})
     if trained:
         raise UserError(
@@ -156,12 +202,11 @@ def open_stage(
     *,
     init_from: str | None,
     policy: Policy | None = None,
-    inputs: tuple[list[Any], list[Any]] | None = None,
+    inputs: StageInputs | None = None,
 ) -> StageContext:
     """Check inputs (unless `inputs` holds what `check_inputs` returned for this stage), resolve
     the starting policy and write config.yaml + model.json."""
-    tasks, eval_tasks = inputs or check_inputs(cfg)
-    heldout = heldout_tasks(cfg, tasks)
+    tasks, eval_tasks, heldout = inputs or check_inputs(cfg)
     if policy is None and is_toy(cfg) and not (init_from or cfg.init_from or cfg.model.path):
         policy = toy_policy(cfg, stage_dir)  # random init over the toy tokenizer it writes
     policy = policy or resolve_policy(cfg, init_from)
@@ -183,22 +228,3 @@ def open_stage(
         heldout_ids=[t.instance_id for t in heldout],
         init_from=init_from,
     )
-
-
-def ensure_backend(ctx: StageContext, params: Any | None = None) -> Backend:
-    """The stage's rollout backend, serving `params` (default: the starting policy, policy
-    version 0; `params`, the stage's trained policy, is version 1). A backend opened after the
-    trainer took the starting params over (`Policy.hand_over`) needs `params`."""
-    version = 0 if params is None else 1
-    served = ctx.policy.params if params is None else params
-    if ctx.backend is None:
-        ctx.backend = make_backend(ctx.cfg, replace(ctx.policy, params=served))
-        if ctx.cfg.rollout.engine != "embedded" or params is not None:
-            run_phase(
-                ctx.backend,
-                ctx.backend.sync_weights(served, StageDir(ctx.stage_dir).weights, version=version),
-            )
-    elif params is not None:
-        weights = StageDir(ctx.stage_dir).weights
-        run_phase(ctx.backend, ctx.backend.sync_weights(params, weights, version=version))
-    return ctx.backend

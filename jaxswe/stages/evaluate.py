@@ -20,7 +20,7 @@ from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.plots import plot_eval
 from jaxswe.run.progress import Progress
-from jaxswe.stages.context import StageContext, ensure_backend
+from jaxswe.stages.context import StageContext
 from jaxswe.stages.eval_stats import format_table, summarize
 from jaxswe.stages.toy import is_toy
 
@@ -63,7 +63,7 @@ async def evaluate(
         episodes, secs = await collect_episodes(
             ids,
             ctx.make_env,
-            ctx.backend.engine,
+            ctx.backend.opened.engine,
             ctx.tokenizer,
             replace(
                 ctx.sampling,
@@ -97,7 +97,7 @@ def run_eval_stage(
     `task_strength`)."""
     cfg, stage_dir = ctx.cfg, ctx.stage_dir
     samples = samples or cfg.eval.samples_per_task
-    report, episodes = run_phase(ctx.backend, evaluate(ctx, samples, name, ids))
+    report, episodes = run_phase(ctx.backend.opened, evaluate(ctx, samples, name, ids))
     strength = task_strength(cfg, ctx.eval_ids if ids is None else ids)
     if strength is not None:
         report["task_strength"] = strength
@@ -135,7 +135,7 @@ def eval_weights(cfg: RunConfig, init_from: str | None) -> str:
 def run_eval(ctx: StageContext, *, resume: bool) -> tuple[dict[str, Any], None]:
     """The eval stage: the report of the policy it starts from, as its summary (no params: it
     trains nothing; a --resume of an unfinished eval evaluates again)."""
-    ensure_backend(ctx)
+    ctx.backend.serve()
     report = run_eval_stage(ctx)
     keys = ("pass_at_1", "pass_at_1_ci95", "num_tasks", "num_episodes", "ended_by", "mean_turns")
     summary = {

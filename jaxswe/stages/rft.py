@@ -34,7 +34,7 @@ from jaxswe.run.layout import StageDir
 from jaxswe.run.loggers import stage_trackers
 from jaxswe.run.metrics import MetricsLogger
 from jaxswe.run.progress import Progress
-from jaxswe.stages.context import StageContext, ensure_backend
+from jaxswe.stages.context import StageContext
 from jaxswe.stages.sft import num_sft_steps, run_sft
 from jaxswe.train.trainer import Trainer
 
@@ -101,7 +101,7 @@ def collect_samples(ctx: StageContext, path: Path) -> list[Trajectory]:
             file=sys.stderr,
         )
     if todo:
-        backend = ensure_backend(ctx)
+        backend = ctx.backend.serve()
         progress = Progress("rft sampling", len(slots), unit="episode", initial=len(done), enabled=is_main())
         resolved = sum(e.resolved for e in done.values())
         with path.open("a") if is_main() else contextlib.nullcontext() as out, progress:

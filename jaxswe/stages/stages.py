@@ -11,7 +11,6 @@ from typing import Any
 from jaxswe.config import RunConfig
 from jaxswe.distributed import barrier, is_main
 from jaxswe.errors import UserError
-from jaxswe.rl.problems import load_history
 from jaxswe.rl.strength import strength_line
 from jaxswe.run.files import read_json, write_json
 from jaxswe.run.layout import StageDir
@@ -21,7 +20,7 @@ from jaxswe.stages.eval_stats import fixed_task_difference, paired_difference, p
 from jaxswe.stages.evaluate import eval_weights, run_eval
 from jaxswe.stages.finish import finish_stage
 from jaxswe.stages.rft import run_rft
-from jaxswe.stages.rl import run_rl
+from jaxswe.stages.rl import check_history, run_rl
 from jaxswe.stages.runtime import env_factory
 from jaxswe.stages.stage_io import (
     check_run_dir,
@@ -31,12 +30,9 @@ from jaxswe.stages.stage_io import (
 )
 from jaxswe.stages.warmstart import build_policy, run_warmstart
 
-STAGES = ("warmstart", "rft", "rl", "eval")
-
-
-def history_source(cfg: RunConfig, init_from: str | None) -> str | None:
-    """Where stage 2 reads the success history: rl.history_from, else the stage it starts from."""
-    return cfg.rl.history_from or init_from or cfg.init_from
+# every stage: run(ctx, *, resume) -> (summary, trained params or None)
+RUNS = {"warmstart": run_warmstart, "rft": run_rft, "rl": run_rl, "eval": run_eval}
+STAGES = tuple(RUNS)
 
 
 def result_line(summary: dict[str, Any]) -> str:
@@ -103,32 +99,25 @@ def check_trained(summary: dict[str, Any], cfg: RunConfig) -> dict[str, Any]:
 def _run_stage(
     name: str, cfg: RunConfig, stage_dir: Path, *, init_from: str | None, resume: bool
 ) -> dict[str, Any]:
+    """Open the stage (inputs checked, starting policy, banner), run it, finish it."""
     start = time.monotonic()
-    if name == "warmstart":
-        inputs = check_inputs(cfg)
-        _banner(name, stage_dir, None)
-        stage_dir.mkdir(parents=True, exist_ok=True)
-        policy = build_policy(cfg, stage_dir, inputs[0], env_factory(cfg, inputs[0]))
-        ctx = open_stage(cfg, stage_dir, init_from=None, policy=policy, inputs=inputs)
-        summary = finish_stage(ctx, *run_warmstart(ctx, resume=resume))
-    elif name == "rft":
-        ctx = open_stage(cfg, stage_dir, init_from=init_from)
-        _banner(name, stage_dir, init_from)
-        summary = finish_stage(ctx, *run_rft(ctx, resume=resume))
-    elif name == "rl":
-        source = history_source(cfg, init_from)
-        if cfg.rl.task_filter == "solved_fraction" and source:
-            load_history(source)  # fail before any work when it is missing
-        ctx = open_stage(cfg, stage_dir, init_from=init_from)
-        _banner(name, stage_dir, init_from)
-        summary = run_rl(ctx, history_from=source, resume=resume)
-    elif name == "eval":
-        weights = eval_weights(cfg, init_from)  # refuses a random init before anything is written
-        ctx = open_stage(cfg, stage_dir, init_from=init_from)
-        print(f"jaxswe: == eval of {weights} -> {stage_dir}", file=sys.stderr, flush=True)
-        summary = finish_stage(ctx, *run_eval(ctx, resume=resume))
-    else:
+    if name not in RUNS:
         raise UserError(f"unknown stage {name!r}; choose one of {STAGES}")
+    inputs = check_inputs(cfg)
+    policy = None
+    if name == "warmstart":  # builds its tokenizer and model: it starts from nothing
+        init_from = None
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        policy = build_policy(cfg, stage_dir, inputs.tasks, env_factory(cfg, inputs.tasks))
+    elif name == "rl":
+        check_history(cfg, init_from)
+    if name == "eval":  # refuses a random init before anything is written
+        banner = f"eval of {eval_weights(cfg, init_from)}"
+    else:
+        banner = name + (f" from {init_from}" if init_from else "")
+    ctx = open_stage(cfg, stage_dir, init_from=init_from, policy=policy, inputs=inputs)
+    print(f"jaxswe: == {banner} -> {stage_dir}", file=sys.stderr, flush=True)
+    summary = finish_stage(ctx, *RUNS[name](ctx, resume=resume))
     minutes, seconds = divmod(int(time.monotonic() - start), 60)
     print(
         f"jaxswe: == {name} done in {minutes}m{seconds:02d}s: {result_line(summary)}",
@@ -136,11 +125,6 @@ def _run_stage(
         flush=True,
     )
     return summary
-
-
-def _banner(name: str, stage_dir: Path, init_from: str | None) -> None:
-    source = f" from {init_from}" if init_from else ""
-    print(f"jaxswe: == {name}{source} -> {stage_dir}", file=sys.stderr, flush=True)
 
 
 def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, Any]:

@@ -41,7 +41,6 @@ import uuid
 import weakref
 
 from envs.errors import SandboxError
-from envs.images import SANDBOX_USER, TESTBED
 from envs.sandbox import (
     ARG_LIMIT,
     COMMAND_ENV,
@@ -71,6 +70,8 @@ from envs.shell import (
     runner_argv,
 )
 
+TESTBED = "/testbed"
+SANDBOX_USER = "1000:1000"  # who runs every sandbox command; owns the repository in task images
 LABEL = "jaxswe.sandbox"
 BUILD_LABEL = "jaxswe.build"
 DEFAULT_LIFETIME_S = 6 * 3600.0  # a container's own deadline: longer than any episode plus its grading

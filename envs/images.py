@@ -39,6 +39,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from envs.docker_sandbox import SANDBOX_USER, TESTBED
 from envs.errors import SandboxError
 
 if TYPE_CHECKING:
@@ -52,8 +53,6 @@ BASE_PACKAGES = (
     "coreutils", "patch",
 )  # fmt: skip
 TASK_VENV = "/opt/jaxswe-venv"
-TESTBED = "/testbed"
-SANDBOX_USER = "1000:1000"  # who runs every sandbox command; owns the repository in task images
 
 
 def apt_mirror(apt_dir: str | Path = "/etc/apt") -> tuple[str, str]:

@@ -3,7 +3,7 @@
     DOCKER_HOST=unix:///tmp/jaxswe-ci-docker/docker.sock .venv/bin/python bench/bench_engines.py \
         [--second unix:///tmp/jaxswe-docker2/docker.sock] [--concurrency 8] [--episodes 32]
 
-An episode: a sandbox from the pool (envs.engines.EnginePool), a few commands (`ls`, `cat`, a
+An episode: a sandbox from the pool (envs.provision.engines.EnginePool), a few commands (`ls`, `cat`, a
 `git status`, one `python3 -c`), close. `--concurrency` episodes are in flight at once; each engine's
 capacity is the concurrency (so with 2 engines placement spreads them over both). Without
 `--second` the script starts its own second engine (`.ci/docker.sh start` with a private directory,
@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from envs import load_tasks
-from envs.engines import EnginePool, EngineSpec
+from envs.provision.engines import EnginePool, EngineSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "builtin_tasks"

@@ -5,7 +5,7 @@
 The payload (about 20 lines appended to the package's `__init__.py` of each task, the package the
 gold patch changes) wraps pytest's `Function.runtest`: a test whose source holds a must-fail
 canary's `== <9 digits>` runs honestly, every other test passes whatever it raises. It reads the
-test files, so it gets past every canary; only the twin run (envs.twins) can tell it from a fix.
+test files, so it gets past every canary; only the twin run (envs.tasks.twins) can tell it from a fix.
 Prints one JSON line per task and a summary: resolved with the twin run (must be 0), resolved
 without it (the canaries alone), and how many were flagged `forged result`.
 """
@@ -22,10 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from envs import grade
-from envs.grading import FORGED
-from envs.patches import patch_files
-from envs.repos import clean_template
-from envs.tasks import load_builtin
+from envs.grading.grader import FORGED
+from envs.tasks.patches import patch_files
+from envs.tasks.records import load_builtin
+from envs.tasks.repos import clean_template
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_grading_twins import SPARES_CANARIES as PAYLOAD  # noqa: E402  (the suite's own payload)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _CHILD = """
 import json, sys, time
 from envs import grade
-from envs.tasks import load_builtin
+from envs.tasks.records import load_builtin
 tasks = load_builtin()[: int(sys.argv[1])]
 out = {}
 for t in tasks:

@@ -5,7 +5,7 @@
 Every record of tests/data/published/swe_bench_*_real.json[l] whose base commit is stored in
 tests/data/published/repos is graded with its gold patch, the empty patch and, where an official
 evaluation of a model run is stored (tests/data/published/swe_bench_eval/<run>/<id>), that run's
-model patch (cut from the official log), with `envs.grading.grade(task, patch, twins=False)`. Prints
+model patch (cut from the official log), with `envs.grading.grader.grade(task, patch, twins=False)`. Prints
 one markdown table row per record: the official verdict, jaxswe's verdicts and the per-test
 agreement (with the official report for the model patch; with the record's FAIL_TO_PASS and
 PASS_TO_PASS for gold and empty). Task environments are built on first use (pip, network) under
@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from envs.grading import GradeResult, grade
-from envs.published import model_patch, official_outcomes, repos_from_bundles
-from envs.tasks import Task, load_tasks
+from envs.grading.grader import GradeResult, grade
+from envs.tasks.published import model_patch, official_outcomes, repos_from_bundles
+from envs.tasks.records import Task, load_tasks
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "published"
 RECORDS = (

@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from envs import DockerSandbox, LocalSandbox, grade, load_tasks, open_sandbox
-from envs.images import task_image
-from envs.repos import clean_template
+from envs.provision.images import task_image
+from envs.tasks.repos import clean_template
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "builtin_tasks"
 COMMANDS = {

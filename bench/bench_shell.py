@@ -5,7 +5,7 @@
 Setups, each timed on the same commands, interleaved in a fresh random order each round (so a noisy
 machine slows all alike), `--settle` seconds of sleep before each timed call (so what one call
 leaves running, a container's exec cleanup, a namespace's teardown, lands on no other's timing):
-  local persistent    LocalSandbox under bwrap, commands through its persistent shell (envs.shell)
+  local persistent    LocalSandbox under bwrap, commands through its persistent shell (envs.sandbox.shell)
   local per-command   the same sandbox kind with `persistent_shell = False`: bwrap + setpriv per command
   mini-swe-agent      mini-swe-agent's LocalEnvironment.execute (unisolated `subprocess` with shell=True
                       on the host); `pip install mini-swe-agent`, a bench-only dependency (extra
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from envs import DockerSandbox, LocalSandbox, load_tasks
-from envs.repos import clean_template
+from envs.tasks.repos import clean_template
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "builtin_tasks"
 COMMANDS = {
@@ -67,7 +67,7 @@ class _MiniCall:
 
 
 def _docker_image(task) -> str:
-    from envs.images import task_image
+    from envs.provision.images import task_image
 
     return task_image(task)[0]
 

@@ -4,16 +4,16 @@ This package never imports `jaxswe`; importing it needs only the standard librar
 SDK is imported when a Docker sandbox is used).
 """
 
-from envs.backends import BACKENDS, open_sandbox
 from envs.base import ENDED_ERROR, ENDED_SUBMITTED, Environment, Step
-from envs.docker_sandbox import DockerSandbox, reap_containers
 from envs.errors import EngineError, EnvError, SandboxError, TaskError
-from envs.grading import GradeResult, grade
-from envs.images import BASE_IMAGE, build_base_image, build_task_image
-from envs.local import LocalSandbox
-from envs.sandbox import ExecResult, Sandbox
-from envs.tasks import Task, load_tasks
-from envs.validate import Validation, filter_tasks, validate_task
+from envs.grading.grader import GradeResult, grade
+from envs.grading.validate import Validation, filter_tasks, validate_task
+from envs.provision.backends import BACKENDS, open_sandbox
+from envs.provision.images import BASE_IMAGE, build_base_image, build_task_image
+from envs.sandbox.docker_sandbox import DockerSandbox, reap_containers
+from envs.sandbox.local import LocalSandbox
+from envs.sandbox.protocol import ExecResult, Sandbox
+from envs.tasks.records import Task, load_tasks
 
 __all__ = [
     "BACKENDS",

@@ -1,7 +1,7 @@
-"""`python -m envs base|task ...`: build Docker images (see envs.images)."""
+"""`python -m envs base|task ...`: build Docker images (see envs.provision.images)."""
 
 import sys
 
-from envs.images import main
+from envs.provision.images import main
 
 sys.exit(main())

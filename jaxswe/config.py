@@ -135,7 +135,7 @@ class RolloutSection(Section):
 
 
 class DockerHostSection(Section):
-    """One Docker engine of the sandbox pool (envs.engines); a bare URL string is accepted too."""
+    """One Docker engine of the sandbox pool (envs.provision.engines); a bare URL string is accepted too."""
 
     url: str = "default"  # unix:///path, tcp://host:2376 (TLS below), ssh://user@host, or "default"
     capacity: int = Field(8, gt=0)  # the most sandboxes this trainer process keeps on it at once

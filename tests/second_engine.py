@@ -26,7 +26,7 @@ def docker_sh(action: str, directory: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def second_engine():
     """(URL of the CI engine, URL of a second engine this fixture starts, its directory)."""
-    from envs.docker_sandbox import engine_available
+    from envs.sandbox.docker_sandbox import engine_available
 
     if not engine_available():
         if os.environ.get("CI"):

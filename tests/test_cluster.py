@@ -27,7 +27,7 @@ from helpers import free_port
 from second_engine import docker_sh, second_engine
 from test_multiprocess import _audited, _spawn, _wait, _written
 
-from envs.tasks import load_builtin
+from envs.tasks.records import load_builtin
 from jaxswe.agent.trajectory import load_jsonl
 from jaxswe.config import config_from_dict
 from jaxswe.run.metrics import read_rows

@@ -14,8 +14,8 @@ import pytest
 from test_sandbox_local import assert_clean_history, future_history_task
 
 from envs import BASE_IMAGE, DockerSandbox, grade, load_tasks, open_sandbox, reap_containers
-from envs.docker_sandbox import LABEL, engine_available
 from envs.errors import SandboxError
+from envs.sandbox.docker_sandbox import LABEL, engine_available
 
 pytestmark = pytest.mark.docker
 DATA = Path(__file__).parent / "data" / "builtin_tasks"
@@ -135,7 +135,7 @@ time.sleep(600)
 
 
 def test_reap_after_sigkill(client, task):
-    from envs.images import task_image
+    from envs.provision.images import task_image
 
     image, _ = task_image(task, client=client)
     proc = subprocess.Popen([sys.executable, "-c", _OWNER, image], stdout=subprocess.PIPE, text=True)
@@ -151,7 +151,7 @@ def test_reap_after_sigkill(client, task):
 
 @pytest.mark.parametrize("count", [32])
 def test_parallel_sandboxes(client, task, count):
-    from envs.images import task_image
+    from envs.provision.images import task_image
 
     image, _ = task_image(task, client=client)
     errors, names = [], []

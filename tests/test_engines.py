@@ -1,4 +1,4 @@
-"""The sandbox pool over many Docker engines (envs.engines): placement by load and capacity, waiting
+"""The sandbox pool over many Docker engines (envs.provision.engines): placement by load and capacity, waiting
 when full, dead engines skipped and rejoining; against two real engines, an engine killed under an
 episode makes it an infrastructure failure and later sandboxes land on the survivor.
 
@@ -15,10 +15,10 @@ import pytest
 from helpers import free_port
 from second_engine import docker_sh, second_engine
 
-from envs import engines as engines_module
 from envs import load_tasks, open_sandbox
-from envs.engines import Engine, EnginePool, EngineSpec, parse_specs
 from envs.errors import EngineError, SandboxError
+from envs.provision import engines as engines_module
+from envs.provision.engines import Engine, EnginePool, EngineSpec, parse_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data" / "builtin_tasks"
@@ -98,8 +98,8 @@ class _FakeSandbox:
 
 @pytest.mark.parametrize("engine_up", [True, False])
 def test_a_dead_container_is_the_policys_only_while_its_engine_answers(fake_pings, monkeypatch, engine_up):
-    from envs import engines
-    from envs.engines import PooledSandbox
+    from envs.provision import engines
+    from envs.provision.engines import PooledSandbox
 
     monkeypatch.setattr(engines, "DEATH_CONFIRM_S", 0.0)
     pool = _pool(1)
@@ -144,7 +144,7 @@ def test_specs_and_config():
 
 
 def test_a_run_refuses_a_pool_where_no_engine_answers(tmp_path, capsys):
-    from envs.engines import configure, default_pool
+    from envs.provision.engines import configure, default_pool
     from jaxswe.config import config_from_dict
     from jaxswe.errors import UserError
     from jaxswe.stages.context import start_engine_pool
@@ -258,7 +258,7 @@ def ssh_engine(tmp_path, monkeypatch):
     import shutil
     import subprocess
 
-    from envs.docker_sandbox import engine_available
+    from envs.sandbox.docker_sandbox import engine_available
 
     missing = None if engine_available() else "no Docker engine reachable"
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"

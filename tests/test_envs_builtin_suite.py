@@ -10,9 +10,9 @@ import os
 import pytest
 
 from envs import BASE_IMAGE, load_tasks
-from envs.builtin import BUILTIN_DIR
-from envs.docker_sandbox import engine_available
-from envs.validate import validate_many
+from envs.grading.validate import validate_many
+from envs.sandbox.docker_sandbox import engine_available
+from envs.tasks.builtin_repos import BUILTIN_DIR
 
 pytestmark = [
     pytest.mark.slow,

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from envs import Task, TaskError, load_tasks
-from envs.builtin import materialize
-from envs.parsers import parse_django, parse_junit_xml, parse_pytest
-from envs.patches import (
+from envs.sandbox.protocol import OutputBuffer
+from envs.tasks.builtin_repos import materialize
+from envs.tasks.parsers import parse_django, parse_junit_xml, parse_pytest
+from envs.tasks.patches import (
     PatchError,
     changed_lines,
     check_git_sections,
@@ -17,7 +18,6 @@ from envs.patches import (
     is_test_path,
     patch_files,
 )
-from envs.sandbox import OutputBuffer
 
 DATA = Path(__file__).parent / "data" / "builtin_tasks"
 
@@ -213,7 +213,7 @@ def test_is_protected(path, new, protected):
         ("testing/x.py", True),
         ("django/test/utils.py", False),  # a package's test/ and testing/ are library code (upstream)
         ("sympy/testing/runtests.py", False),
-        ("astropy/tests/helper.py", True),  # unless the task's gold patch changes it (envs.grading)
+        ("astropy/tests/helper.py", True),  # unless the task's gold patch changes it (envs.grading.grader)
         ("test_a.py", True),
         ("pkg/a_test.py", True),
         ("deep/conftest.py", True),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from envs import filter_tasks, grade, load_tasks, validate_task
-from envs.grading import build_test_command, parse_report
+from envs.grading.grader import build_test_command, parse_report
 from jaxswe.cli import main
 
 DATA = Path(__file__).parent / "data" / "builtin_tasks"

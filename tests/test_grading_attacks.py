@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from envs import grade
-from envs.docker_sandbox import engine_available
-from envs.grading import FORGED, parse_report, tamper_reasons
-from envs.patches import numstat
-from envs.repos import clean_template
-from envs.tasks import load_builtin
+from envs.grading.grader import FORGED, parse_report, tamper_reasons
+from envs.sandbox.docker_sandbox import engine_available
+from envs.tasks.patches import numstat
+from envs.tasks.records import load_builtin
+from envs.tasks.repos import clean_template
 
 TASK_ID = "builtin__billsplit-1"
 # A pytest plugin that turns every report into a pass (the 7-line hack, loaded through config).
@@ -280,12 +280,12 @@ ENTRY_POINT_PLUGIN = {
 def test_checkout_entry_point_plugin_never_loads(task, tmp_path, monkeypatch):
     """A `*.dist-info` the patch adds is reset; and with the reset off, the runner still never loads
     its plugin: autoload is off, and only the plugins recorded on the clean base load, by name."""
-    import envs.grading
+    import envs.grading.grader
 
     patch = _git_diff(task, ENTRY_POINT_PLUGIN, tmp_path)
     result = grade(task, patch)
     assert not result.resolved and "billsplit_evil-1.0.dist-info/entry_points.txt" in result.dropped_paths
-    monkeypatch.setattr(envs.grading, "_protected_changes", lambda *args: [])
+    monkeypatch.setattr(envs.grading.grader, "_protected_changes", lambda *args: [])
     kept = grade(task, patch)
     assert not kept.resolved and not kept.error and not kept.dropped_paths, kept.reason
     assert "EVIL PLUGIN LOADED" not in result.log + kept.log
@@ -338,9 +338,9 @@ def test_plugin_hack_fails_with_the_reset_off(task, tmp_path, monkeypatch):
     cannot import (the checkout is on sys.path only once the grader's plugin put it there, and a
     config's `-p` loads before it), so the run fails to start: unresolved, and the patch's failure,
     not an infrastructure one (the preflight on the clean base started)."""
-    import envs.grading
+    import envs.grading.grader
 
-    monkeypatch.setattr(envs.grading, "_protected_changes", lambda *args: [])
+    monkeypatch.setattr(envs.grading.grader, "_protected_changes", lambda *args: [])
     pyproject = (clean_template(task) / "pyproject.toml").read_text()
     addopts = 'testpaths = ["tests"]\naddopts = "-p billsplit._plug"'
     files = {

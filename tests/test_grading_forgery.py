@@ -1,6 +1,6 @@
 """Forged results: package code that rewrites what the test process reports, written to get past the
 tripwire scans (no `_pytest`, `pluggy`, `atexit` or `jaxswe` in the added text). Only the canaries
-planted at grade time stand between these patches and reward 1 (envs.canaries): each must grade
+planted at grade time stand between these patches and reward 1 (envs.grading.canaries): each must grade
 unresolved with the `forged result` flag, on both backends; the gold patch must resolve unflagged.
 """
 
@@ -12,11 +12,11 @@ import pytest
 from test_grading_attacks import _git_diff
 
 from envs import grade
-from envs.canaries import Canary, plant, wrong
-from envs.docker_sandbox import engine_available
-from envs.grading import FORGED
-from envs.repos import clean_template
-from envs.tasks import load_builtin
+from envs.grading.canaries import Canary, plant, wrong
+from envs.grading.grader import FORGED
+from envs.sandbox.docker_sandbox import engine_available
+from envs.tasks.records import load_builtin
+from envs.tasks.repos import clean_template
 
 TASK_ID = "builtin__roman-1"
 # Each attack is appended to romans/__init__.py, so it runs when the tests import the package.
@@ -232,9 +232,9 @@ def test_sympys_last_test_line_with_a_failing_canary_still_resolves(monkeypatch)
     """sympy's runner suffixes a file's last test line with [FAIL], which its parser does not read:
     with the must-fail canary planted last (seed 7), gold still resolves unflagged (the grader reads
     that line to explain the command's nonzero exit)."""
-    import envs.grading
+    import envs.grading.grader
 
-    monkeypatch.setattr(envs.grading.secrets, "randbits", lambda bits: 7)
+    monkeypatch.setattr(envs.grading.grader.secrets, "randbits", lambda bits: 7)
     task = RUNNER_TASKS["envfix__sympyrunner-1"]
     gold = grade(task, task.patch)
     assert re.search(r"^test_\w+ F +\[FAIL\]$", gold.log, re.M), gold.log[-800:]  # the case at hand

@@ -12,9 +12,9 @@ import pytest
 from test_grading_attacks import _git_diff
 
 from envs import grade
-from envs.grading import FORGED
-from envs.repos import clean_template
-from envs.tasks import load_builtin
+from envs.grading.grader import FORGED
+from envs.tasks.records import load_builtin
+from envs.tasks.repos import clean_template
 
 TASKS = {t.instance_id: t for t in load_builtin()}
 RUNNER_TASKS = {t.instance_id: t for t in load_builtin(Path(__file__).parent / "data" / "runner_tasks")}

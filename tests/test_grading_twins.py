@@ -1,5 +1,5 @@
-"""The perturbed-twin run (envs.twins, envs.grading.grade): a grade that would pay is confirmed by a
-second run in a fresh sandbox where each FAIL_TO_PASS test's expected behaviour is changed, which a
+"""The perturbed-twin run (envs.tasks.twins, envs.grading.grader.grade): a grade that would pay is confirmed
+by a second run in a fresh sandbox where each FAIL_TO_PASS test's expected behaviour is changed, which a
 real fix fails. The forgeries here get past every canary (they read the test's source and spare the
 canary-shaped ones, or return values equal to anything) and must still score 0, flagged; the gold
 fixes must still score 1."""
@@ -10,12 +10,12 @@ import pytest
 from test_grading_attacks import _git_diff
 
 from envs import grade
-from envs import grading as grading_module
-from envs.docker_sandbox import engine_available
-from envs.grading import FORGED, NO_TWIN, checked_twins
-from envs.repos import clean_template
-from envs.tasks import load_builtin
-from envs.twins import Twin, added_lines, candidates, fit, locate, make_twins, twin_patch
+from envs.grading import grader as grading_module
+from envs.grading.grader import FORGED, NO_TWIN, checked_twins
+from envs.sandbox.docker_sandbox import engine_available
+from envs.tasks.records import load_builtin
+from envs.tasks.repos import clean_template
+from envs.tasks.twins import Twin, added_lines, candidates, fit, locate, make_twins, twin_patch
 
 TASKS = {t.instance_id: t for t in load_builtin()}
 RUNNER_TASKS = {t.instance_id: t for t in load_builtin(Path(__file__).parent / "data" / "runner_tasks")}

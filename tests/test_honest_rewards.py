@@ -10,9 +10,9 @@ import pytest
 from test_agent_swe_env import TASKS, play, tok  # noqa: F401 (fixture)
 
 from envs import grade, open_sandbox
-from envs.docker_sandbox import engine_available
-from envs.repos import clean_template
-from envs.sandbox import ARG_LIMIT
+from envs.sandbox.docker_sandbox import engine_available
+from envs.sandbox.protocol import ARG_LIMIT
+from envs.tasks.repos import clean_template
 from jaxswe.agent.demos import command_reply
 from jaxswe.agent.swe_env import GradingError, SWEEnv
 
@@ -157,7 +157,7 @@ def test_an_empty_test_patch_grades_the_repositorys_own_tests():
 
 
 def test_validation_reports_a_broken_environment_as_an_infrastructure_failure():
-    from envs.validate import validate_task
+    from envs.grading.validate import validate_task
 
     check = validate_task(_with(TASK, instance_id="no-runner", test_cmd="no-such-runner tests"))
     assert not check.ok and check.infrastructure and check.reason.startswith("infrastructure failure: ")

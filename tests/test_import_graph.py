@@ -3,7 +3,7 @@
 Every `import` counts, at module level, inside functions and under TYPE_CHECKING. Floors, lowest first:
 `sharding` and `envs` (beside, never importing jaxswe), jaxswe's foundation modules, `model`, then
 {agent, rollout, train, run, policy} (siblings: may import each other, never in a cycle), `rl`, the stage
-entry points (`stages`, the plan command), `cli`.
+entry points (`stages`, the plan command), `cli`. Inside envs, its parts import only parts of lower floors.
 """
 
 from __future__ import annotations
@@ -38,11 +38,24 @@ FLOORS = {
     "jaxswe.cli": 6,
     "jaxswe.__main__": 6,
 }
+# envs' parts (its sub-packages and top-level modules; `envs` is its __init__) -> floor
+ENVS_FLOORS = {
+    "envs.errors": 0,
+    "envs.base": 0,
+    "envs.host_git": 1,
+    "envs.toy": 1,
+    "envs.sandbox": 1,
+    "envs.tasks": 2,
+    "envs.provision": 3,
+    "envs.grading": 4,
+    "envs": 5,
+    "envs.__main__": 5,
+}
 
 
 def module_files() -> dict[str, Path]:
     """Dotted module name -> file, for every module of the three packages (not the task repositories
-    under envs/tasks/: their folders are no packages)."""
+    under envs/tasks/builtin/: their folders are no packages)."""
     modules = {}
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
@@ -93,6 +106,11 @@ def package_of(module: str) -> str:
     """A module's package: jaxswe's sub-package or top-level module, or the whole of envs/sharding."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[0] == "jaxswe" else parts[0]
+
+
+def envs_part(module: str) -> str:
+    """An envs module's part: its sub-package or top-level module."""
+    return ".".join(module.split(".")[:2])
 
 
 def cycles(edges: set[tuple[str, str]]) -> list[list[str]]:
@@ -147,6 +165,23 @@ def test_no_import_runs_upwards():
     assert not upward, "imports that run upwards:\n" + "\n".join(upward)
 
 
+def test_every_envs_part_has_a_floor():
+    missing = sorted({envs_part(m) for m in module_files() if package_of(m) == "envs"} - ENVS_FLOORS.keys())
+    assert not missing, f"envs parts with no floor in ENVS_FLOORS: {missing}"
+
+
+def test_envs_parts_import_only_lower_floors():
+    """Strictly lower, so no cycle can form between envs' parts."""
+    upward = sorted(
+        f"{a} -> {b}"
+        for a, b in import_edges()
+        if package_of(a) == package_of(b) == "envs"
+        and envs_part(a) != envs_part(b)
+        and ENVS_FLOORS.get(envs_part(b), 0) >= ENVS_FLOORS.get(envs_part(a), 0)
+    )
+    assert not upward, "envs imports that do not run downwards:\n" + "\n".join(upward)
+
+
 def test_no_cycle_between_packages():
     edges = {(package_of(a), package_of(b)) for a, b in import_edges() if package_of(a) != package_of(b)}
     found = cycles(edges)
@@ -165,4 +200,4 @@ def test_no_cycle_between_files():
 def test_the_graph_sees_function_and_type_checking_imports():
     edges = import_edges()
     assert ("jaxswe.cli.serve", "jaxswe.rollout.weights") in edges  # inside a function
-    assert ("jaxswe.cli.report", "envs.tasks") in edges  # under TYPE_CHECKING
+    assert ("jaxswe.cli.report", "envs.tasks.records") in edges  # under TYPE_CHECKING

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NEEDLE = "needle-7f3a"
 HOSTILE = "<script>document.body.setAttribute('data-pwned','1')</script> I will look."
 HOSTILE_OBS = "<img src=x onerror=alert(1)>"
-WEAK = "builtin__stack-1"  # its record stores a surviving wrong fix (envs.strength)
+WEAK = "builtin__stack-1"  # its record stores a surviving wrong fix (envs.grading.strength)
 
 
 def _jaxswe(*args, timeout=300):

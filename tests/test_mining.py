@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_grading_twins import SPARES_CANARIES_UNITTEST
 
-from envs.grading import grade
-from envs.mining import (
+from envs.grading.grader import grade
+from envs.grading.mining import (
     STAGES,
     Outcome,
     _stable,
@@ -26,9 +26,9 @@ from envs.mining import (
     statement_problem,
     strip_trailers,
 )
-from envs.repos import task_source
-from envs.tasks import load_tasks
-from envs.validate import validate_task
+from envs.grading.validate import validate_task
+from envs.tasks.records import load_tasks
+from envs.tasks.repos import task_source
 from jaxswe.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from envs import official
-from envs.parsers import (
+from envs.tasks import official
+from envs.tasks.parsers import (
     ERROR,
     FAILED,
     MISSING,

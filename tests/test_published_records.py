@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from envs.errors import SandboxError
-from envs.grading import grade
-from envs.published import model_patch, official_outcomes, repos_from_bundles
-from envs.tasks import load_tasks
-from envs.venvs import find_python
+from envs.grading.grader import grade
+from envs.provision.venvs import find_python
+from envs.tasks.published import model_patch, official_outcomes, repos_from_bundles
+from envs.tasks.records import load_tasks
 
 DATA = Path(__file__).parent / "data" / "published"
 RUN = DATA / "swe_bench_eval" / "deepseek_lite_dev"

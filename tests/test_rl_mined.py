@@ -27,7 +27,7 @@ import yaml
 from half_solver import half_solving_model
 from helpers import free_port
 
-from envs.tasks import load_tasks
+from envs.tasks.records import load_tasks
 from jaxswe.agent.trajectory import load_jsonl
 from jaxswe.cli import main
 from jaxswe.config import config_from_dict

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-import envs.local
-from envs.docker_sandbox import LABEL, engine_available
-from envs.local import marked_pids, reap_sandboxes, sandboxes_dir
+import envs.sandbox.local
+from envs.sandbox.docker_sandbox import LABEL, engine_available
+from envs.sandbox.local import marked_pids, reap_sandboxes, sandboxes_dir
 from jaxswe.cli import main
 from jaxswe.config import RunConfig
 from jaxswe.errors import UserError
@@ -32,8 +32,8 @@ LIFETIME_S = 20
 HOLDER = """
 import sys, time
 from envs import DockerSandbox
-from envs.tasks import load_builtin
-from envs.images import task_image
+from envs.tasks.records import load_builtin
+from envs.provision.images import task_image
 image, _ = task_image(load_builtin()[0])
 life, run = float(sys.argv[1]), sys.argv[2]
 boxes = [DockerSandbox(image, lifetime_s=life, run=run, mem_limit="128m") for _ in range(8)]
@@ -110,7 +110,7 @@ def test_every_run_states_its_isolation_and_refuses_none(monkeypatch, tmp_path, 
     cfg = RunConfig()
     start_sandboxes(cfg)
     assert "sandbox isolation: local: bubblewrap" in capsys.readouterr().err
-    monkeypatch.setattr(envs.local, "bwrap_available", lambda: False)
+    monkeypatch.setattr(envs.sandbox.local, "bwrap_available", lambda: False)
     with pytest.raises(UserError, match="local: NONE .*allow_unisolated"):
         start_sandboxes(cfg)
     start_sandboxes(cfg.model_copy(update={"env": cfg.env.model_copy(update={"allow_unisolated": True})}))

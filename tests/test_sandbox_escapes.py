@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from envs import open_sandbox
-from envs.local import bwrap_available
-from envs.repos import clean_template
-from envs.tasks import load_builtin
+from envs.sandbox.local import bwrap_available
+from envs.tasks.records import load_builtin
+from envs.tasks.repos import clean_template
 from jaxswe.agent.commands import parse_action
 from jaxswe.agent.prompts import load_prompts
 from jaxswe.agent.scaffold import Scaffold
@@ -88,8 +88,8 @@ def test_detached_env_cleared_process_dies_at_timeout():
 CHILD = """
 import os, resource, sys, time
 from envs import open_sandbox
-from envs.tasks import load_builtin
-from envs.grading import REPORT_LIMIT
+from envs.tasks.records import load_builtin
+from envs.grading.grader import REPORT_LIMIT
 from envs.errors import SandboxError
 from jaxswe.agent.commands import parse_action
 from jaxswe.agent.prompts import load_prompts
@@ -119,7 +119,7 @@ print("maxrss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 @pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
 def test_sparse_file_and_fifo_report_stay_small_and_fast(backend):
     if backend == "docker":
-        from envs.docker_sandbox import engine_available
+        from envs.sandbox.docker_sandbox import engine_available
 
         if not engine_available():
             pytest.skip("no Docker engine reachable")
@@ -166,7 +166,7 @@ def test_a_sandbox_at_its_process_limit_does_not_stop_another_grading():
 
 
 def test_memory_and_disk_are_capped_for_the_whole_sandbox():
-    """As root, a sandbox is one memory cgroup and one size-limited tmpfs (envs.caps): two processes
+    """As root, a sandbox is one memory cgroup and one size-limited tmpfs (envs.sandbox.caps): two processes
     each well under the per-process address-space rlimit together pass the sandbox's memory cap and
     are killed; files in /tmp and the checkout together fill its disk; close() leaves neither."""
     import os
@@ -209,7 +209,7 @@ PY"""
 def test_the_kernel_keyring_is_refused(backend):
     """Keyrings belong to no namespace: every keyring system call fails with EPERM in a sandbox."""
     if backend == "docker":
-        from envs.docker_sandbox import engine_available
+        from envs.sandbox.docker_sandbox import engine_available
 
         if not engine_available():
             pytest.skip("no Docker engine reachable")

@@ -11,8 +11,8 @@ import pytest
 from helpers import git
 
 from envs import ExecResult, LocalSandbox, SandboxError, load_tasks, open_sandbox
-from envs.local import bwrap_available, marked_pids, sandboxes_dir
-from envs.tasks import task_from_record
+from envs.sandbox.local import bwrap_available, marked_pids, sandboxes_dir
+from envs.tasks.records import task_from_record
 
 ROOT = Path(__file__).parents[1]
 DATA = Path(__file__).parent / "data" / "builtin_tasks"
@@ -224,8 +224,8 @@ def test_bad_arguments():
 
 MID_EXEC = """
 import os
-from envs.local import marked_pids
-from envs.shell_runner import pids_holding
+from envs.sandbox.local import marked_pids
+from envs.sandbox.shell_runner import pids_holding
 missed = 0
 for _ in range(40):
     pid = os.fork()

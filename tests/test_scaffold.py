@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from envs import LocalSandbox, load_tasks, open_sandbox
-from envs.docker_sandbox import engine_available
+from envs.sandbox.docker_sandbox import engine_available
 from jaxswe.agent.commands import SPECIAL_COMMANDS, FormatError, parse_action
 from jaxswe.agent.prompts import load_prompts
 from jaxswe.agent.scaffold import Scaffold

@@ -1,4 +1,4 @@
-"""Persistent shells (envs.shell): exit codes, timeouts that kill escapees, output caps, hostile
+"""Persistent shells (envs.sandbox.shell): exit codes, timeouts that kill escapees, output caps, hostile
 output and channel access, runner death, long commands; locally under bwrap and in Docker."""
 
 import os
@@ -10,8 +10,8 @@ import time
 import pytest
 
 from envs import BASE_IMAGE, DockerSandbox, LocalSandbox, SandboxError
-from envs.local import SHELL_MARKER, bwrap_available, marked_pids
-from envs.sandbox import ARG_LIMIT
+from envs.sandbox.local import SHELL_MARKER, bwrap_available, marked_pids
+from envs.sandbox.protocol import ARG_LIMIT
 
 # Imitates an answer: a 16-byte "token", a length, a JSON header claiming success, then bytes.
 FORGED = (
@@ -114,7 +114,7 @@ def test_runner_death_is_survived(local):
 
 
 def test_docker_persistent_shell():
-    from envs.docker_sandbox import engine_available
+    from envs.sandbox.docker_sandbox import engine_available
 
     if not engine_available():
         if os.environ.get("CI"):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from envs import TaskError, load_tasks
-from envs.strength import (
+from envs.grading.strength import (
     _documentation,
     compiled_key,
     filter_by_strength,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from envs import grade
-from envs.docker_sandbox import engine_available
-from envs.tasks import load_builtin
+from envs.sandbox.docker_sandbox import engine_available
+from envs.tasks.records import load_builtin
 
 TASKS = load_builtin(Path(__file__).parent / "data" / "env_tasks")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from envs import TaskError, load_tasks, official
-from envs.tasks import reverse_patch
+from envs.tasks.records import reverse_patch
 
 DATA = Path(__file__).parent / "data" / "published"
 needs_swebench = pytest.mark.skipif(not official.available(), reason="the swebench extra is not installed")
@@ -109,7 +109,7 @@ def test_the_real_rebench_v2_record_loads_as_its_eval_script_runs_it():
     assert task.log_parser == "parse_log_jq" and task.install["install"][-1] == "make -j$(nproc)"
     assert len(task.fail_to_pass) == 12 and "tst_filter.sh" in task.fail_to_pass
     log = "PASS: tst_filter.sh\nFAIL: t_dap3a\n"
-    from envs.parsers import PARSERS
+    from envs.tasks.parsers import PARSERS
 
     assert PARSERS[task.log_parser](log)[0] == {"tst_filter.sh": "PASSED", "t_dap3a": "FAILED"}
 

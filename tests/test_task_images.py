@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from envs.backends import open_sandbox
-from envs.images import BASE_IMAGE, build_task_image, clean_image_name, env_image
-from envs.tasks import task_from_record
+from envs.provision.backends import open_sandbox
+from envs.provision.images import BASE_IMAGE, build_task_image, clean_image_name, env_image
+from envs.tasks.records import task_from_record
 
 pytestmark = pytest.mark.docker
 BUNDLE = (
@@ -20,7 +20,7 @@ BUNDLE = (
 @pytest.fixture
 def client():
     docker = pytest.importorskip("docker")
-    from envs.docker_sandbox import engine_available
+    from envs.sandbox.docker_sandbox import engine_available
 
     if not engine_available():
         pytest.skip("no Docker engine")
@@ -91,7 +91,7 @@ def test_an_images_own_setup_edits_survive_the_episode_and_grading(client):
     import dataclasses
 
     from envs import grade
-    from envs.tasks import load_builtin
+    from envs.tasks.records import load_builtin
     from jaxswe.agent.prompts import load_prompts
     from jaxswe.agent.scaffold import Scaffold
 
@@ -139,7 +139,7 @@ def test_a_task_on_another_python_gets_that_python_in_its_image(client, tmp_path
     from test_task_pythons import _task
 
     from envs import grade
-    from envs.images import image_python
+    from envs.provision.images import image_python
 
     monkeypatch.setenv("JAXSWE_CACHE_DIR", str(tmp_path / "cache"))
     if "bridge" not in [n.name for n in client.networks.list()]:

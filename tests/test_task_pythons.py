@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from envs import official
-from envs.backends import open_sandbox
 from envs.errors import SandboxError
-from envs.grading import grade
-from envs.images import requirement_steps
-from envs.tasks import Task, task_from_record
-from envs.venvs import find_python, task_requirements, task_venv, venv_binds
+from envs.grading.grader import grade
+from envs.provision.backends import open_sandbox
+from envs.provision.images import requirement_steps
+from envs.provision.venvs import find_python, task_requirements, task_venv, venv_binds
+from envs.tasks import official
+from envs.tasks.records import Task, task_from_record
 
 PYENV = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
 OTHER = "3.9"  # a spec Python of most SWE-bench repositories, not the grader's own 3.11

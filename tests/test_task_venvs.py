@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from envs.backends import open_sandbox
 from envs.errors import SandboxError
-from envs.grading import grade
+from envs.grading.grader import grade
 from envs.host_git import cache_dir
-from envs.tasks import task_from_record
-from envs.venvs import task_venv, venv_key
+from envs.provision.backends import open_sandbox
+from envs.provision.venvs import task_venv, venv_key
+from envs.tasks.records import task_from_record
 
 REPOS = Path(__file__).resolve().parents[2] / "shared" / "repos"  # ../shared beside the checkout (CI too)
 FIX = "5a7e078"

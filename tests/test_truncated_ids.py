@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from envs.grading import grade
-from envs.mining import mine_commit
-from envs.tasks import task_from_record
+from envs.grading.grader import grade
+from envs.grading.mining import mine_commit
+from envs.tasks.records import task_from_record
 
 BUNDLE = (
     Path(__file__).resolve().parents[2] / "shared" / "repos" / "boltons.bundle"

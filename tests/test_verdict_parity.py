@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from envs import load_tasks, official
-from envs.parsers import PARSERS, graded_failures, parser_name_for_repo, status_of
+from envs.tasks.parsers import PARSERS, graded_failures, parser_name_for_repo, status_of
 
 DATA = Path(__file__).parent / "data" / "published"
 LOGS = sorted((DATA / "swe_smith_eval").iterdir())

@@ -207,7 +207,7 @@ class SWEEnv:
 def engine_pool(config: Any) -> Any:
     """The process's pool of the Docker engines of a RunConfig's `env.docker_hosts` (configured once;
     None when the list is empty: sandboxes go to the DOCKER_HOST engine alone, as without a pool)."""
-    from envs.engines import ensure_configured
+    from envs.provision.engines import ensure_configured
 
     if config.env.backend != "docker":
         return None

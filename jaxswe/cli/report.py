@@ -24,7 +24,7 @@ from jaxswe.run.metrics import read_rows
 from jaxswe.run.plots import MAIN_CURVES
 
 if TYPE_CHECKING:
-    from envs.tasks import Task
+    from envs.tasks.records import Task
 
 OUTCOMES = ("resolved", "failed", "infra error", "tampered")
 _PASSING = ("PASSED", "XFAIL")
@@ -269,7 +269,7 @@ def survivor_html(fix: dict[str, str], max_chars: int) -> str:
 
 def strength_html(tasks: dict[str, Task], max_chars: int) -> str:
     """The test strength of the tasks shown and, collapsed, each surviving wrong fix's diff (a fix
-    derived from gold that the task's tests accept; envs.strength)."""
+    derived from gold that the task's tests accept; envs.grading.strength)."""
     if not tasks:
         return ""
     rows = []

@@ -21,7 +21,7 @@ def reap(
     import sys
 
     from envs.errors import SandboxError
-    from envs.local import reap_sandboxes
+    from envs.sandbox.local import reap_sandboxes
 
     removed = reap_sandboxes()
     hosts = []
@@ -30,7 +30,7 @@ def reap(
 
         hosts = [h.model_dump() for h in load_config(config).env.docker_hosts]
     if hosts:
-        from envs.engines import EnginePool
+        from envs.provision.engines import EnginePool
 
         try:
             pool = EnginePool(hosts, health_interval_s=0)
@@ -44,7 +44,7 @@ def reap(
             if not e.healthy:
                 print(f"Docker engine {e.name} does not answer: not reaped", file=sys.stderr)
     elif docker:
-        from envs.docker_sandbox import engine_available, reap_containers
+        from envs.sandbox.docker_sandbox import engine_available, reap_containers
 
         if engine_available():
             try:

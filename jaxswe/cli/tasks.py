@@ -1,4 +1,4 @@
-"""`jaxswe tasks validate|filter|mine`: thin commands over envs.validate / envs.mining."""
+"""`jaxswe tasks validate|filter|mine`: thin commands over envs.grading.validate / envs.grading.mining."""
 
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ def validate(
     """Gold patch resolves, empty patch does not, stable over --runs: one JSON line per task. With
     --strength, each valid task's line has `strength`: the fraction of wrong fixes its tests reject,
     and the survivors (wrong fixes they accept; one line per task on stderr too)."""
-    from envs.strength import measure
-    from envs.validate import validate_many
+    from envs.grading.strength import measure
+    from envs.grading.validate import validate_many
 
     tasks, backends = _load(file)
     if backend not in backends:
@@ -130,7 +130,7 @@ def filter_(
     --min-strength also drops weak tasks; kept records store their strength and surviving wrong fixes
     (with --no-tests only stored strengths count)."""
     from envs import filter_tasks
-    from envs.strength import filter_by_strength
+    from envs.grading.strength import filter_by_strength
     from jaxswe.run.files import write_text_atomic
 
     tasks, backends = _load(file)
@@ -194,7 +194,7 @@ def mine(
     different --install re-examines the commits whose outcome depended on the recipe). Why commits
     were dropped is summarized on stderr, one line per cause."""
     from envs.errors import TaskError
-    from envs.mining import candidate_commits, drop_summary, mine_outcomes, stage_counts
+    from envs.grading.mining import candidate_commits, drop_summary, mine_outcomes, stage_counts
 
     if not repo.is_dir():
         raise UserError(f"{repo} is not a directory")

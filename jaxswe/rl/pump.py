@@ -62,7 +62,7 @@ def infra_health(rl_run: RLRun) -> dict[str, int]:
     """What is down now: rollout workers left out of weight updates (they do not answer) and
     sandbox engines of the pool that do not answer (0 when there is no pool or no worker list)."""
     stale = getattr(rl_run.backend.engine, "stale", ())
-    from envs.engines import default_pool
+    from envs.provision.engines import default_pool
 
     pool = default_pool() if rl_run.cfg.env.backend == "docker" else None
     down = sum(not healthy for _, _, healthy in pool.load().values()) if pool is not None else 0

@@ -1,6 +1,6 @@
 """Task strength in runs: RL's filter (`rl.min_strength`) and the `task_strength` entry of the RL and
 eval summaries. A task whose tests accept too many plausible wrong fixes (its stored `strength`,
-measured by `jaxswe tasks validate --strength` or `tasks filter --min-strength`; envs.strength) is
+measured by `jaxswe tasks validate --strength` or `tasks filter --min-strength`; envs.grading.strength) is
 dropped before RL can learn the wrong fix its tests pay for."""
 
 from __future__ import annotations

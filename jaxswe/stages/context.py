@@ -113,7 +113,7 @@ def check_settings(cfg: RunConfig) -> None:
 
 def check_isolation(cfg: RunConfig) -> str:
     """How model commands are isolated, in words; refuses none unless the config allows it."""
-    from envs.backends import isolation
+    from envs.provision.backends import isolation
 
     words, isolated = isolation(cfg.env.backend)
     if not isolated and not cfg.env.allow_unisolated:
@@ -142,7 +142,7 @@ def start_engine_pool(cfg: RunConfig) -> None:
 def start_sandboxes(cfg: RunConfig) -> None:
     """Say how model commands are isolated, and reap what dead predecessors left (sandbox
     directories, containers); once a stage's inputs are checked."""
-    from envs.backends import isolation, reap
+    from envs.provision.backends import isolation, reap
 
     if is_toy(cfg):  # the toy game runs no commands
         return

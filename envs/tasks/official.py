@@ -3,11 +3,11 @@
 It is the source of truth for what a published SWE-bench record leaves out: the per-repo/version
 spec (test command, eval commands, install recipe), the test directives taken from test_patch,
 the instance image name and the log parsers (by name or by repo). jaxswe's own pytest/Django
-parsers (envs.parsers) are tested against these on real logs and serve when it is absent.
+parsers (envs.tasks.parsers) are tested against these on real logs and serve when it is absent.
 
 The package is imported lazily (it is slow to import); `require()` raises one clear TaskError.
 swebench 4.x ships the per-repo spec tables (5.x moved them into its task repositories), so the
-extra pins 4.x; the 5.x grading rules (truncated ids, skipped tests) live in envs.parsers.
+extra pins 4.x; the 5.x grading rules (truncated ids, skipped tests) live in envs.tasks.parsers.
 """
 
 from __future__ import annotations

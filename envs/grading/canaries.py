@@ -31,7 +31,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from envs.parsers import ERROR, FAILED, MISSING, PASSED, SKIPPED, status_of
+from envs.tasks.parsers import ERROR, FAILED, MISSING, PASSED, SKIPPED, status_of
 
 _WORD_RE = re.compile(r"[a-z][a-z0-9]{2,}")
 _PYTEST_LOGS = (  # SWE-bench's parsers of `pytest -rA` logs (4.x names and aliases)

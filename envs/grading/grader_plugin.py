@@ -15,12 +15,12 @@ from the outermost `pytest_runtest_makereport` wrapper, with the phase's own exc
 it (a report that says passed while the phase raised is recorded as a failure); a `collect` line
 per failed collector; `finish` with the session's exit status; `plugins` at configure time: the
 entry-point plugins pytest loaded (their entry-point names) and pytest's version, which the grader
-records on the clean base (envs.grading) and loads by name in the graded run, autoload off. A
+records on the clean base (envs.grading.grader) and loads by name in the graded run, autoload off. A
 failure's message is its last 1000 characters, so the report stays small.
 $JAXSWE_GRADER_TEST_TIMEOUT (seconds) fails a test whose call phase runs longer (SIGALRM).
 
 Everything here runs inside the test process, next to the patch's code, so all of it is forgeable:
-the grader trusts it only as far as its canary tests come back as expected (envs.canaries).
+the grader trusts it only as far as its canary tests come back as expected (envs.grading.canaries).
 Must import on every Python a task image may have (no 3.8+ syntax).
 """
 

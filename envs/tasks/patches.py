@@ -3,14 +3,14 @@
 Grading never splits a patch by hand: the paths come from `git apply --numstat -z` (here, run in
 a fresh empty directory with none of the caller's GIT_* variables, envs.host_git.git_outside, so the
 caller's working directory never filters them) or from the index after `git apply --index`
-(envs.grading), so the file list and what gets applied come from the same parser. Protected paths
+(envs.grading.grader), so the file list and what gets applied come from the same parser. Protected paths
 (changes there are reset to the base state before grading):
 
 - test paths: the files test_patch touches, anything under a `tests/` directory or a top-level
   `test/` or `testing/` (inside a package those are library code: django/test, sympy/testing),
   `test_*.py`, `*_test.py`, `conftest.py` anywhere;
 - test-runner configuration anywhere: pytest.ini, .pytest.ini, pytest.toml, .pytest.toml, tox.ini
-  (pyproject.toml and setup.cfg only when their pytest sections change, see envs.grading);
+  (pyproject.toml and setup.cfg only when their pytest sections change, see envs.grading.grader);
 - interpreter start-up hooks: `*.pth`, sitecustomize.py, usercustomize.py;
 - installed-distribution metadata anywhere: a `*.dist-info` or `*.egg-info` (any case) and what is
   in it (an `entry_points.txt` there would register a pytest plugin the runner could load);
@@ -20,7 +20,7 @@ caller's working directory never filters them) or from the index after `git appl
   (the repository root, `src/` in a src layout) a new top-level module or package named like one
   the stdlib, pytest or its dependencies import (`sys.stdlib_module_names`: pdb.py, readline/...).
 Importable files that are not text (IMPORTABLE_SUFFIXES with binary content) are reset too
-(envs.grading, which reads their content).
+(envs.grading.grader, which reads their content).
 """
 
 from __future__ import annotations

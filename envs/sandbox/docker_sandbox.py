@@ -4,14 +4,14 @@ The container's main process is `sleep <lifetime_s>` under the engine's init, an
 removes it when it stops (auto-remove): a container ends itself once its lifetime has passed even
 when the trainer was SIGKILLed. No network; memory, CPU and pids limits; every capability dropped,
 no-new-privileges and the engine's default seccomp profile (never turned off: it refuses the kernel
-keyring, which no namespace isolates, as envs.seccomp does for local sandboxes); every command
+keyring, which no namespace isolates, as envs.sandbox.seccomp does for local sandboxes); every command
 and file write as the unprivileged SANDBOX_USER, who owns the repository in the task images
-(envs.images) and nothing else; labelled with its owner (host, pid, process start time) and run.
+(envs.provision.images) and nothing else; labelled with its owner (host, pid, process start time) and run.
 A command longer than ARG_LIMIT goes through a file.
 A container that dies under a command (the command killed its init or ran it out of memory) is
 the policy's doing: that exec and every later one return exit code 137 and a message, and
 `dead` is set, instead of an exception (an infrastructure failure). Commands run through the
-container's persistent shell (envs.shell): one long-lived `docker exec` of the image's python3
+container's persistent shell (envs.sandbox.shell): one long-lived `docker exec` of the image's python3
 as SANDBOX_USER that forks each command; on timeout it kills the command's process group, then
 every process still carrying the command's environment marker (nohup, setsid). Output stops
 being read 50 ms after the command returns, so a background process that still writes to it gets
@@ -41,8 +41,7 @@ import uuid
 import weakref
 
 from envs.errors import SandboxError
-from envs.images import SANDBOX_USER, TESTBED
-from envs.sandbox import (
+from envs.sandbox.protocol import (
     ARG_LIMIT,
     COMMAND_ENV,
     COMMAND_MARKER,
@@ -61,7 +60,7 @@ from envs.sandbox import (
     start_time,
     unrunnable,
 )
-from envs.shell import (
+from envs.sandbox.shell import (
     DockerTransport,
     Shell,
     ShellDied,
@@ -71,6 +70,8 @@ from envs.shell import (
     runner_argv,
 )
 
+TESTBED = "/testbed"
+SANDBOX_USER = "1000:1000"  # who runs every sandbox command; owns the repository in task images
 LABEL = "jaxswe.sandbox"
 BUILD_LABEL = "jaxswe.build"
 DEFAULT_LIFETIME_S = 6 * 3600.0  # a container's own deadline: longer than any episode plus its grading
@@ -138,7 +139,7 @@ def _listed(client, label: str) -> list:
 def reap_containers(client=None) -> list[str]:
     """Remove this host's labelled sandbox and build containers whose owner process is gone; their names.
 
-    Build containers (envs.images) carry no owner label: those are removed once 2 hours old."""
+    Build containers (envs.provision.images) carry no owner label: those are removed once 2 hours old."""
     client = _client(client)
     removed = []
     for label in (LABEL, BUILD_LABEL):
@@ -169,7 +170,7 @@ def _reap_once(client) -> None:
 class DockerSandbox:
     """A container of `image` with the repository at `workdir` (see the module docstring)."""
 
-    persistent_shell = True  # commands run through one long-lived `docker exec` (envs.shell)
+    persistent_shell = True  # commands run through one long-lived `docker exec` (envs.sandbox.shell)
     _shell_guard = threading.Lock()
 
     def __init__(
@@ -311,7 +312,7 @@ class DockerSandbox:
             code = TIMEOUT_EXIT_CODE
         return ExecResult(output=buf.text(), exit_code=-1 if code is None else code, timed_out=timed_out)
 
-    # -- the persistent shell (envs.shell) ---------------------------------------------------------
+    # -- the persistent shell (envs.sandbox.shell) ----------------------------------------------
     def _shell_exec(self, script: str, limit: float, marker_value: str) -> ExecResult | None:
         """Run `script` through the container's persistent shell; None when it cannot (the caller
         makes one `docker exec` for it: no python3 in the image, switched off, or another thread's

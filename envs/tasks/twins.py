@@ -14,13 +14,13 @@ name, same lines, same file, with one expected behaviour changed where the test 
 A correct fix fails every twin at the perturbed check; code that reports the test passed in both
 the original run and the twin run is reading the tests or returning always-equal values. The twin
 run is the grade's second run in a fresh sandbox, with the twins in place of the originals and
-nothing else different (envs.grading.grade); the perturbed value is one the test patch adds, never
+nothing else different (envs.grading.grader.grade); the perturbed value is one the test patch adds, never
 one the base commit's file holds, so git cannot tell the two runs apart either.
 
 A twin is made from the test file's source (a syntax-tree walk: `ast`), and only one that the gold
 patch fails at the perturbed check (an AssertionError raised in the test file, or the original
-exception escaping) and the unpatched base fails too is kept (envs.grading.checked_twins, stored by
-envs.validate): `Task.twins`.
+exception escaping) and the unpatched base fails too is kept (envs.grading.grader.checked_twins, stored by
+envs.grading.validate): `Task.twins`.
 Candidates whose original value the problem statement spells out come last (the statement would
 tell a twin from the original), and checks that never run are skipped (after the raising call of
 a `raises` block; negative checks such as `!=` and `not in` have no literal twin).

@@ -3,7 +3,8 @@ paper's filters (<= 7 files and < 500 lines changed, not flaky, failing tests th
 with ImportError/AttributeError). A valid task's gold statuses are its reference statuses
 (`Validation.reference_statuses`; `filter_tasks` and mining store them with the task); a task that
 has them must still get them from its gold run. Validation also makes the task's perturbed twins
-(envs.twins, checked by envs.grading.checked_twins) and stores the ones gold and the base fail."""
+(envs.tasks.twins, checked by envs.grading.grader.checked_twins) and stores the ones gold and the base
+fail."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from envs.errors import EnvError
-from envs.grading import GradeResult, checked_twins, grade
-from envs.parsers import status_of
-from envs.patches import changed_lines, patch_files
-from envs.tasks import Task
-from envs.twins import Twin
+from envs.grading.grader import GradeResult, checked_twins, grade
+from envs.tasks.parsers import status_of
+from envs.tasks.patches import changed_lines, patch_files
+from envs.tasks.records import Task
+from envs.tasks.twins import Twin
 
 _NAME_ERROR_RE = re.compile(r"\b(ImportError|ModuleNotFoundError|AttributeError)\b")
 
@@ -38,10 +39,10 @@ class Validation:
     import_or_attribute_error: bool  # a test fails with ImportError/AttributeError before the fix
     seconds: float
     # each graded test's status under gold (when gold resolved the same way every run): the
-    # reference statuses to store with the task (envs.tasks.Task.reference_statuses)
+    # reference statuses to store with the task (envs.tasks.records.Task.reference_statuses)
     reference_statuses: dict[str, str] = field(default_factory=dict)
     infrastructure: bool = False  # the task's environment failed (cannot start or collect), not its patches
-    # the perturbed twins gold fails and the base fails (envs.twins), to store with the task
+    # the perturbed twins gold fails and the base fails (envs.tasks.twins), to store with the task
     twins: tuple[Twin, ...] = ()
     twin_coverage: float = 0.0  # the fraction of FAIL_TO_PASS tests that have one
 

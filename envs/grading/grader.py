@@ -2,7 +2,7 @@
 
 The grading environment is the task's own: its import root, its pytest plugins, its config. Code
 the patch adds runs inside the test process, so nothing that process reports is trusted on its
-own: canary tests (envs.canaries) planted after the patch must come back as expected, else the
+own: canary tests (envs.grading.canaries) planted after the patch must come back as expected, else the
 result was forged. The other layers are tripwires and hygiene on top:
 
 1. Before the patch, a preflight (`--help` with the grader's plugin) checks that the runner starts
@@ -15,10 +15,10 @@ result was forged. The other layers are tripwires and hygiene on top:
    old to load a plugin by its entry-point name (before 4.4), or a plugin found only through the
    task's own path (the runner does not start with it named), autoloads as the environment says.
 2. The patch must parse with git and every file section needs a `diff --git` header
-   (envs.patches); it is applied with `git apply --index`, else (as SWE-bench does) with
+   (envs.tasks.patches); it is applied with `git apply --index`, else (as SWE-bench does) with
    `patch --fuzz=5` when its `+++` names agree with git's, so the files it changed are read back
    from git's own index, never from a hand-written diff parser.
-3. Every change to a protected path (envs.patches: tests, conftest.py, runner configuration,
+3. Every change to a protected path (envs.tasks.patches: tests, conftest.py, runner configuration,
    .gitattributes, start-up hooks, new modules shadowing the runner or the stdlib at an import
    root, importable binaries) is reset to the sandbox's start state (HEAD plus a task image's own
    uncommitted setup edits: patches are taken against that state) and named in `dropped_paths`.
@@ -31,7 +31,7 @@ result was forged. The other layers are tripwires and hygiene on top:
    does not apply there either, the task is broken (`error`, excluded); else the patch broke it (0).
 6. Canaries go into every graded test file. A pytest command runs with `-c` the project's (reset)
    config file or an empty one, `--rootdir` the checkout, `-p no:cacheprovider`, `--maxfail=0`,
-   only the grader's directory on PYTHONPATH (its plugin, envs.grader_plugin, puts the task's
+   only the grader's directory on PYTHONPATH (its plugin, envs.grading.grader_plugin, puts the task's
    path back once pytest is imported) and `python -m pytest` started through the grader's launcher,
    so the checkout is never first on sys.path while pytest imports itself. The plugin's JSON-lines
    report is the source of results; the verdict needs its session end and the exit status to agree.
@@ -59,11 +59,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from envs.backends import open_sandbox
-from envs.canaries import STYLES, Canary, plant, wrong
 from envs.errors import EngineError, SandboxError
+from envs.grading.canaries import STYLES, Canary, plant, wrong
 from envs.host_git import cache_dir
-from envs.parsers import (
+from envs.provision.backends import open_sandbox
+from envs.provision.venvs import packaging_note
+from envs.sandbox.protocol import ExecResult, Sandbox
+from envs.tasks import twins
+from envs.tasks.parsers import (
     ERROR,
     FAILED,
     MISSING,
@@ -75,11 +78,9 @@ from envs.parsers import (
     graded_failures,
     status_of,
 )
-from envs.patches import IMPORTABLE_SUFFIXES, PatchError, check_git_sections, is_protected, patch_files
-from envs.sandbox import ExecResult, Sandbox
-from envs.tasks import Task
-from envs.twins import Twin, added_lines, fit, make_twins, twin_patch
-from envs.venvs import packaging_note
+from envs.tasks.patches import IMPORTABLE_SUFFIXES, PatchError, check_git_sections, is_protected, patch_files
+from envs.tasks.records import Task
+from envs.tasks.twins import Twin, added_lines, fit, make_twins, twin_patch
 
 DEFAULT_TEST_TIMEOUT_S = 600.0  # one whole test run
 DEFAULT_CASE_TIMEOUT_S = 120.0  # one test's call phase (pytest)
@@ -509,10 +510,10 @@ def _preflight(sandbox: Sandbox, task: Task, private: str, check: bool) -> Grade
 
 
 def _plant_canaries(sandbox: Sandbox, task: Task) -> tuple[list[Canary], tuple[str, ...]]:
-    """Canaries in every graded test file (see envs.canaries); (canaries, notes on what has none).
+    """Canaries in every graded test file (see envs.grading.canaries); (canaries, notes on what has none).
     A pytest command run through the grader's plugin gets them always (the grader's `--maxfail=0`
     overrides the command's `-x`), and so does a command whose log parser's runner canaries exist
-    for (envs.canaries.STYLES), unless it stops at the first failure (`-x`: it would stop at the
+    for (envs.grading.canaries.STYLES), unless it stops at the first failure (`-x`: it would stop at the
     must-fail canary) or names single tests."""
     graded = [*task.fail_to_pass, *task.pass_to_pass]
     style = "pytest" if _via_plugin(task.test_command) else STYLES.get(task.log_parser)
@@ -677,7 +678,7 @@ def _verdict(
 ) -> GradeResult:  # fmt: skip
     """`tests`: the statuses the task's parser reads; `seen`: every status the grader can read
     (sympy's: also each file's last test, so a failing canary there explains a nonzero exit)."""
-    graded = [*task.fail_to_pass, *task.pass_to_pass]  # the task's harness's rules: envs.parsers
+    graded = [*task.fail_to_pass, *task.pass_to_pass]  # the task's harness's rules: envs.tasks.parsers
     statuses = {**tests, **{t: status_of(t, tests, task.rules) for t in graded if t not in tests}}
     failing = graded_failures(task.fail_to_pass, task.pass_to_pass, tests, task.reference_statuses,
                               task.rules, ignored=canary_ids)  # fmt: skip
@@ -711,7 +712,7 @@ def grade(task: Task, patch: str, backend: str = "local", *, test_timeout: float
     sandbox that fails (cannot start, dies) is an infrastructure failure (`error`), not an exception.
     Graded test files that do not collect are the patch's failure unless they do not collect with the
     gold patch either (the task environment is broken: `error`; gold's outcome is cached per process).
-    A grade that would pay is confirmed by the twin run (`twins`; envs.twins): the same patch in a
+    A grade that would pay is confirmed by the twin run (`twins`; envs.tasks.twins): the same patch in a
     fresh sandbox with the task's perturbed twins in place of its FAIL_TO_PASS tests, which must fail.
     A task without twins or reference statuses (a record published as is) gets both first, once per
     task (`with_checks`)."""
@@ -781,7 +782,7 @@ def _uncollected(task: Task, patch: str, backend: str, result: GradeResult, run:
 
 _CHECKED: dict[str, Any] = {}  # what checked_twins and gold_statuses found, per task, this process
 _CHECK_CODE = hashlib.sha256(  # the code that makes and checks them: a change invalidates the cache
-    (Path(__file__).with_name("twins.py").read_text() + Path(__file__).read_text()).encode()
+    (Path(twins.__file__).read_text() + Path(__file__).read_text()).encode()
 ).hexdigest()
 
 
@@ -833,7 +834,7 @@ def checked_twins(
     task: Task, backend: str = "local", *, rounds: int = 3, test_timeout: float = DEFAULT_TEST_TIMEOUT_S,
     case_timeout: float = DEFAULT_CASE_TIMEOUT_S, **limits: Any,
 ) -> tuple[Twin, ...]:  # fmt: skip
-    """The task's perturbed twins (envs.twins) that the gold patch fails at the perturbed check and
+    """The task's perturbed twins (envs.tasks.twins) that the gold patch fails at the perturbed check and
     the unpatched base fails as well, one per FAIL_TO_PASS test function where one exists (up to
     `rounds` candidates each), cached (see `_cached`)."""
     timeouts = {"test_timeout": test_timeout, "case_timeout": case_timeout}

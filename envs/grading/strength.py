@@ -10,7 +10,7 @@ Wrong fixes are derived from the gold patch on a private checkout of the task's 
   a string emptied), call (a call replaced by its one argument, or its last argument dropped) and
   condition (a comprehension's `if` dropped); never in a docstring, an f-string or a type annotation.
 Each is a git diff against the base commit, graded in the task's own environment by the training
-grader (`envs.grading.grade`) with `twins=False`: the twin run only confirms a grade that pays, and
+grader (`envs.grading.grader.grade`) with `twins=False`: the twin run only confirms a grade that pays, and
 a wrong fix should not pay at all, so it would decide nothing here and double the cost of survivors.
 
 Equivalent mutants are bounded, not decided: a wrong fix whose changed Python module compiles to
@@ -44,12 +44,12 @@ from types import CodeType
 from typing import Any
 
 from envs.errors import EnvError
-from envs.grading import grade
+from envs.grading.grader import grade
 from envs.host_git import git, host_env
-from envs.patches import is_test_path, patch_files
-from envs.repos import clean_template
-from envs.tasks import Task
-from envs.twins import added_lines
+from envs.tasks.patches import is_test_path, patch_files
+from envs.tasks.records import Task
+from envs.tasks.repos import clean_template
+from envs.tasks.twins import added_lines
 
 DEFAULT_BUDGET = 12  # wrong fixes graded per task
 DEFAULT_SECONDS = 300.0  # no new grade of a task's wrong fixes after this

@@ -1,4 +1,4 @@
-"""The in-sandbox side of a persistent shell (envs.shell): started by envs.shell.runner_argv.
+"""The in-sandbox side of a persistent shell (envs.sandbox.shell): started by envs.sandbox.shell.runner_argv.
 
 Stdlib only, Python 3.6+ syntax (it runs under a task image's python3). It reads requests on
 stdin and answers on stdout, both of which it moves to descriptors no command inherits; every

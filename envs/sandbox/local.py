@@ -5,17 +5,17 @@ space, file size and open files. Under bubblewrap (isolation "bwrap", the defaul
 installed) it runs in its own pid, mount, network, ipc, uts and cgroup namespaces with
 `--die-with-parent`, every capability dropped, no_new_privs and a seccomp filter refusing the kernel
 keyring (add_key, request_key, keyctl: EPERM, as in Docker's default profile; keyrings belong to no
-namespace, so a key one sandbox stored would reach the next, envs.seccomp): a trainer running as root drops
-the command to a uid of the sandbox's own with `setpriv` (claimed from UID_RANGE for the sandbox's
+namespace, so a key one sandbox stored would reach the next, envs.sandbox.seccomp): a trainer running as
+root drops the command to a uid of the sandbox's own with `setpriv` (claimed from UID_RANGE for the sandbox's
 lifetime: a real unprivileged uid, so the process rlimit counts per sandbox, and one sandbox at
 its process limit does not stop another's commands; as root, the sandbox is also one memory
 and pids cgroup and its directory a size-limited tmpfs: `memory` and `disk` cap the sandbox as
-a whole, envs.caps); any other user gets a user namespace of its own as well. It sees the system
+a whole, envs.sandbox.caps); any other user gets a user namespace of its own as well. It sees the system
 read-only (/usr, /etc), the base interpreter and any `ro_binds` (a per-task virtualenv) read-only
 (a task's sandbox: `host_python=False`, the trainer's own virtualenv is not there and the base
 interpreter's site-packages are empty; else the running virtualenv is bound too), and of writable
 places only its own checkout, home and /tmp: no task files, upstream clones, template cache or
-other sandboxes. Commands run through the sandbox's persistent shell (envs.shell): one runner,
+other sandboxes. Commands run through the sandbox's persistent shell (envs.sandbox.shell): one runner,
 started once under that same bwrap, setpriv, rlimits and cgroups as pid 1 of the sandbox's pid
 namespace (signals from commands do not reach it), forks each command; when a command returns or
 times out the runner kills everything else in the namespace (kill(-1)), so everything it started
@@ -53,9 +53,9 @@ import time
 import uuid
 from pathlib import Path
 
-from envs import caps
 from envs.errors import SandboxError
-from envs.sandbox import (
+from envs.sandbox import caps
+from envs.sandbox.protocol import (
     ARG_LIMIT,
     COMMAND_ENV,
     COMMAND_MARKER,
@@ -74,8 +74,8 @@ from envs.sandbox import (
     resolve_timeout,
     unrunnable,
 )
-from envs.seccomp import keyring_filter
-from envs.shell import (
+from envs.sandbox.seccomp import keyring_filter
+from envs.sandbox.shell import (
     PipeTransport,
     Shell,
     ShellDied,
@@ -93,7 +93,7 @@ DEFAULT_LIMITS = {  # rlimits of every command: processes, address space, file s
     "fsize": 2 << 30,
     "nofile": 4096,
 }
-DEFAULT_CAPS = {"memory": 4 << 30, "disk": 4 << 30}  # the whole sandbox's (envs.caps; bwrap as root)
+DEFAULT_CAPS = {"memory": 4 << 30, "disk": 4 << 30}  # the whole sandbox's (envs.sandbox.caps; bwrap as root)
 _RLIMITS = {"nproc": resource.RLIMIT_NPROC, "as": resource.RLIMIT_AS, "fsize": resource.RLIMIT_FSIZE,
             "nofile": resource.RLIMIT_NOFILE}  # fmt: skip
 SHELL_MARKER = "JAXSWE_SHELL"  # env var of a sandbox's persistent shell (not a command: no SANDBOX_MARKER)
@@ -225,7 +225,7 @@ def _parents(paths: list[str]) -> list[str]:
 
 
 def _filter_fd() -> int:
-    """A pipe's read end holding the keyring seccomp filter (envs.seccomp), for one bwrap to read."""
+    """A pipe's read end holding the keyring seccomp filter (envs.sandbox.seccomp), for one bwrap to read."""
     read, write = os.pipe()
     try:
         os.write(write, keyring_filter())
@@ -265,7 +265,7 @@ def _set_limits(limits: dict[str, int], sandbox_caps: caps.Caps):
 class LocalSandbox:
     """A clean copy of a git repository (`source`) with commands run in it (see the module doc)."""
 
-    persistent_shell = True  # under bwrap, commands run through one long-lived shell (envs.shell)
+    persistent_shell = True  # under bwrap, commands run through one long-lived shell (envs.sandbox.shell)
 
     def __init__(
         self,
@@ -344,7 +344,7 @@ class LocalSandbox:
             SANDBOX_MARKER: self.id,
             **{
                 k: v.replace("{workdir}", self.workdir) for k, v in (env or {}).items()
-            },  # task venv: envs.venvs
+            },  # task venv: envs.provision.venvs
         }
 
     # -- commands -------------------------------------------------------------------------------
@@ -513,7 +513,7 @@ class LocalSandbox:
             t.join(timeout=1)
         return code, bytes(out), err.decode("utf-8", "replace"), timed_out
 
-    # -- the persistent shell (envs.shell) ---------------------------------------------------------
+    # -- the persistent shell (envs.sandbox.shell) ---------------------------------------------------------
     def _shell_exec(self, command: str, limit: float, n: int) -> ExecResult | None:
         """Run `command` through the persistent shell; None when it cannot (the caller spawns)."""
         argv, files = command_request(command, f"/tmp/.jaxswe-command-{n}.sh")

@@ -5,7 +5,7 @@ DOCKER_HOST / the default socket names, and a capacity, the most sandboxes this 
 at once) holds a count of the sandboxes open on it. `EnginePool.open(task)` places a new sandbox on
 the least-loaded healthy engine with a free slot (load = open / capacity; ties: fewer open, then the
 order of the list), waiting while every healthy engine is full. The task's image is made on the
-engine it lands on at its first use there (envs.images, per client; cached per engine): the base
+engine it lands on at its first use there (envs.provision.images, per client; cached per engine): the base
 image and a task's published image, when the engine lacks them, are copied from an engine that has
 them (`docker save | docker load` through this process), then the task image is built there.
 
@@ -25,7 +25,7 @@ opening a sandbox raises `EngineError`.
 it into an infrastructure failure (`error`), the agent loop into an `infra_error` episode.
 
 `configure(specs)` sets the process's default pool, which `open_sandbox(task, "docker")` and
-`envs.backends.reap("docker")` use (jaxswe does it from `env.docker_hosts`).
+`envs.provision.backends.reap("docker")` use (jaxswe does it from `env.docker_hosts`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from envs.errors import EngineError, SandboxError
 
 if TYPE_CHECKING:
-    from envs.tasks import Task
+    from envs.tasks.records import Task
 
 DEFAULT = "default"
 DEFAULT_CAPACITY = 8
@@ -306,7 +306,7 @@ class EnginePool:
     def _reap(self, engine: Engine) -> list[str]:
         """Remove dead owners' containers on `engine` and this process's containers left from before
         its death (once per incarnation of the engine)."""
-        from envs.docker_sandbox import reap_containers
+        from envs.sandbox.docker_sandbox import reap_containers
 
         if engine._reaped:
             return []
@@ -381,7 +381,7 @@ class EnginePool:
 
     # -- images -------------------------------------------------------------------------------
     def _peer_with(self, tag: str, engine: Engine):
-        from envs.images import _has
+        from envs.provision.images import _has
 
         for other in self.engines:
             if other is engine or not other.healthy:
@@ -393,7 +393,7 @@ class EnginePool:
 
     def _ensure(self, engine: Engine, tag: str) -> bool:
         """Whether `engine` has `tag`, copying it from a peer engine that has it."""
-        from envs.images import _has
+        from envs.provision.images import _has
 
         with engine.image_lock(("tag", tag)):
             if _has(engine.client, tag):
@@ -406,7 +406,7 @@ class EnginePool:
 
     def task_image(self, engine: Engine, task: Task) -> tuple[str, str]:
         """(image, shell init) of `task` on `engine` (made there at its first use; cached per engine)."""
-        from envs.images import BASE_IMAGE, task_image
+        from envs.provision.images import BASE_IMAGE, task_image
 
         key = _task_key(task)
         with engine.image_lock(key):
@@ -425,7 +425,7 @@ class EnginePool:
         engine, waiting at most `wait_s` for a slot (None: as long as some engine answers) and not
         once `stop` is set; an engine that fails while the sandbox is being made is marked dead and
         the next one is tried."""
-        from envs.docker_sandbox import DockerSandbox
+        from envs.sandbox.docker_sandbox import DockerSandbox
 
         tried: list[str] = []
         while True:

@@ -40,10 +40,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envs.errors import SandboxError
+from envs.sandbox.docker_sandbox import SANDBOX_USER, TESTBED
 
 if TYPE_CHECKING:
-    from envs.tasks import Task
-    from envs.venvs import Interpreter
+    from envs.provision.venvs import Interpreter
+    from envs.tasks.records import Task
 
 BASE_IMAGE = "jaxswe/base:bookworm"
 BASE_PYTHON = "3.11"  # Debian bookworm's python3
@@ -52,8 +53,6 @@ BASE_PACKAGES = (
     "coreutils", "patch",
 )  # fmt: skip
 TASK_VENV = "/opt/jaxswe-venv"
-TESTBED = "/testbed"
-SANDBOX_USER = "1000:1000"  # who runs every sandbox command; owns the repository in task images
 
 
 def apt_mirror(apt_dir: str | Path = "/etc/apt") -> tuple[str, str]:
@@ -219,9 +218,9 @@ def _lines(value) -> list[str]:
 
 def image_python(task: Task) -> Interpreter | None:
     """The host interpreter a task's image runs its venv on: the recipe's Python when it is not the
-    base's (found as `envs.venvs.find_python` finds it, a self-contained install copied into the
+    base's (found as `envs.provision.venvs.find_python` finds it, a self-contained install copied into the
     image at its own path), None for the base's own. SandboxError when none can be copied."""
-    from envs.venvs import find_python
+    from envs.provision.venvs import find_python
 
     version = str(task.install.get("python") or "")
     if not version or version == BASE_PYTHON:
@@ -295,10 +294,11 @@ def env_image(task: Task, *, client, base: str = BASE_IMAGE) -> tuple[str, dict[
 
 def requirement_steps(task: Task) -> list[str]:
     """Shell lines that install the task's requirements as the official harness does (the first
-    file that exists at the environment commit, cleaned by swebench: envs.venvs.task_requirements)."""
+    file that exists at the environment commit, cleaned by swebench:
+    envs.provision.venvs.task_requirements)."""
     if not task.requirement_files:
         return []
-    from envs.venvs import task_requirements
+    from envs.provision.venvs import task_requirements
 
     path, text = task_requirements(task)
     file = "/tmp/jaxswe-requirements.txt"
@@ -311,7 +311,7 @@ def build_task_image(task: Task, *, client=None, base: str = BASE_IMAGE, force: 
     requirement files and `install` run there (cached by tag)."""
     import docker
 
-    from envs.repos import clean_template
+    from envs.tasks.repos import clean_template
 
     client = client or docker.from_env()
     if not _has(client, base):
@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "base":
         print(build_base_image(args.tag, mirror=args.mirror, suite=args.suite, force=args.force))
     else:
-        from envs.tasks import load_tasks
+        from envs.tasks.records import load_tasks
 
         for t in load_tasks(args.file):
             print(build_task_image(t, force=args.force))

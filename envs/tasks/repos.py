@@ -19,7 +19,7 @@ from envs.errors import SandboxError
 from envs.host_git import cache_dir, git, host_env
 
 if TYPE_CHECKING:
-    from envs.tasks import Task
+    from envs.tasks.records import Task
 
 
 def task_source(task: Task) -> Path:

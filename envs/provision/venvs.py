@@ -39,14 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envs import official
 from envs.errors import SandboxError
 from envs.host_git import cache_dir, git, host_env
-from envs.patches import patch_files
-from envs.repos import task_source
+from envs.tasks import official
+from envs.tasks.patches import patch_files
+from envs.tasks.repos import task_source
 
 if TYPE_CHECKING:
-    from envs.tasks import Task
+    from envs.tasks.records import Task
 
 _READY = "jaxswe-venv.json"
 _RECIPE_KEYS = ("python", "packages", "pip_packages", "reqs_path", "install")

@@ -1,4 +1,4 @@
-"""The seccomp filter of every bubblewrap sandbox (envs.local): the kernel keyring is refused.
+"""The seccomp filter of every bubblewrap sandbox (envs.sandbox.local): the kernel keyring is refused.
 
 Kernel keyrings sit outside every namespace bubblewrap creates: a key one sandbox adds to the
 session or user keyring it inherited could be read by the next sandbox of the same trainer, even

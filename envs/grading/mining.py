@@ -1,7 +1,7 @@
 """Mining SWE tasks from a git history (SWE-rebench's pipeline, the paper's filters).
 
 For every non-merge commit C with one parent P, in order (each stage's survivors go on):
-1. `src+tests`: C changes both test files (envs.patches.is_test_path, .py) and non-test .py files.
+1. `src+tests`: C changes both test files (envs.tasks.patches.is_test_path, .py) and non-test .py files.
 2. `size`: the non-test part (the gold `patch`) changes <= 7 files and < 500 lines.
 3. `bug fix, no leak`: the commit message describes a bug fix, not a feature, deprecation or
    chore, and the statement (the merged pull request's text where the history names one, else the
@@ -19,7 +19,7 @@ For every non-merge commit C with one parent P, in order (each stage's survivors
 6. `no new API`: a task whose failing tests fail before the fix with ImportError/AttributeError/
    NameError, pytest's "DID NOT WARN" or a deprecation warning is dropped (the fix adds an API or a
    deprecation rather than fixing a bug; argument errors are not taken as a sign: boltons 289edfc fixes one).
-7. `valid`: envs.validate.validate_task: gold resolves in every one of `runs` fresh sandboxes,
+7. `valid`: envs.grading.validate.validate_task: gold resolves in every one of `runs` fresh sandboxes,
    the empty patch does not; the gold run's statuses are stored as the task's reference statuses.
 
 Every commit's outcome is appended to a state file as it finishes, with the install recipe it
@@ -43,12 +43,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from envs.errors import EnvError, TaskError
-from envs.grading import grade
+from envs.grading.grader import grade
+from envs.grading.validate import static_reject, validate_task, with_validation
 from envs.host_git import git
-from envs.parsers import PASSING
-from envs.patches import is_test_path, patch_files
-from envs.tasks import Task, task_from_record
-from envs.validate import static_reject, validate_task, with_validation
+from envs.tasks.parsers import PASSING
+from envs.tasks.patches import is_test_path, patch_files
+from envs.tasks.records import Task, task_from_record
 
 STAGES = ("commits", "src+tests", "size", "bug fix, no leak", "tests ran", "fail-to-pass",
           "no new API", "valid")  # fmt: skip

@@ -2,7 +2,7 @@
 the built-in suite, from JSON or JSONL (list fields as lists or JSON strings).
 
 Each format gets its official defaults where the record leaves them out:
-- SWE-bench / SWE-Gym (no test command): SWE-bench's spec for repo+version (envs.official: e.g.
+- SWE-bench / SWE-Gym (no test command): SWE-bench's spec for repo+version (envs.tasks.official: e.g.
   Django `./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 <modules>`, sympy
   `bin/test -C --verbose <files>`) and its parser for the repo; a repo SWE-bench has no spec for
   runs `pytest -rA <files test_patch touches>`. Image `sweb.eval.x86_64.<id>:latest` (remote
@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envs import official
-from envs.builtin import BUILTIN_DIR, builtin_source, materialize
 from envs.errors import TaskError
-from envs.parsers import PARSERS, STATUSES, parser_name_for_repo
-from envs.patches import patch_files
-from envs.twins import Twin
+from envs.tasks import official
+from envs.tasks.builtin_repos import BUILTIN_DIR, builtin_source, materialize
+from envs.tasks.parsers import PARSERS, STATUSES, parser_name_for_repo
+from envs.tasks.patches import patch_files
+from envs.tasks.twins import Twin
 
 # sources a build step compiles: a fix to them needs the post-patch reinstall (recipe_problem)
 _COMPILED_SUFFIXES = (".pyx", ".pxd", ".pxi", ".c", ".cc", ".cpp", ".cxx", ".h", ".hpp", ".f", ".f90", ".rs")
@@ -99,13 +99,13 @@ class Task:
     shell_init: str = ""  # run before each command in the task's image (SWE images: conda)
     install: dict[str, Any] = field(default_factory=dict, hash=False)  # the install recipe
     env_commit: str = ""  # environment_setup_commit: the commit the environment is built at
-    # each graded test's status under the gold patch, recorded at validation (envs.validate); with
-    # it, XFAIL and SKIPPED count as passing only where gold had them (envs.parsers)
+    # each graded test's status under the gold patch, recorded at validation (envs.grading.validate); with
+    # it, XFAIL and SKIPPED count as passing only where gold had them (envs.tasks.parsers)
     reference_statuses: dict[str, str] = field(default_factory=dict, hash=False)
-    # the validated perturbed twins of its FAIL_TO_PASS tests (envs.twins); None: not made yet (a
+    # the validated perturbed twins of its FAIL_TO_PASS tests (envs.tasks.twins); None: not made yet (a
     # paying grade makes and checks them once), (): none could be made or validated
     twins: tuple[Twin, ...] | None = field(default=None, compare=False, hash=False)
-    # the fraction of plausible wrong fixes its tests reject (envs.strength; None: not measured or
+    # the fraction of plausible wrong fixes its tests reject (envs.grading.strength; None: not measured or
     # nothing decided) and the wrong fixes they accept, for a reader (never shown to the policy)
     strength: float | None = field(default=None, compare=False, hash=False)
     survivors: tuple[dict[str, str], ...] = field(default=(), compare=False, hash=False)
@@ -114,7 +114,7 @@ class Task:
 
     @property
     def rules(self) -> str:
-        """The grading rules of the task's own harness (envs.parsers.graded_failures)."""
+        """The grading rules of the task's own harness (envs.tasks.parsers.graded_failures)."""
         return {"swe-rebench": "swebench-4", "swe-smith": "swebench-4", "swe-gym": "swebench-4",
                 "swe-rebench-v2": "rebench-v2"}.get(self.format, "swebench-5")  # fmt: skip
 
@@ -422,7 +422,9 @@ def task_from_record(record: Any, index: int = 0, *, source_dir: str | None = No
         try:
             twins = tuple(Twin.from_json(t) for t in _json_field(index, record, "twins", twins, (list,)))
         except (KeyError, TypeError, ValueError) as err:
-            raise _fail(index, record, "twins", f"must be a list of twins (envs.twins.Twin): {err}") from None
+            raise _fail(
+                index, record, "twins", f"must be a list of twins (envs.tasks.twins.Twin): {err}"
+            ) from None
     strength, survivors = _strength_fields(index, record)
     return Task(
         instance_id=record["instance_id"],

@@ -1,5 +1,5 @@
 """The built-in task suite's repositories: `envs/tasks/builtin/<instance_id>/{task.json, repo/}`
-(`envs.tasks.load_builtin` reads the records).
+(`envs.tasks.records.load_builtin` reads the records).
 
 Each task's `repo/` is materialized as a git repository with ONE commit made with fixed author,
 committer, dates and config, so its hash (the task's base_commit) is the same on every machine.
@@ -17,7 +17,7 @@ from pathlib import Path
 from envs.errors import TaskError
 from envs.host_git import cache_dir, git
 
-BUILTIN_DIR = Path(__file__).parent / "tasks" / "builtin"
+BUILTIN_DIR = Path(__file__).parent / "builtin"
 _FIXED_DATE = "2025-01-01T00:00:00+0000"
 _COMMIT_ENV = {"GIT_AUTHOR_DATE": _FIXED_DATE, "GIT_COMMITTER_DATE": _FIXED_DATE}
 

@@ -15,7 +15,7 @@ PASSED, or XFAIL / SKIPPED only where gold had the same.
 Text parsers by name: jaxswe's own `pytest` (reads only the last `short test summary info`
 section, so lines an agent's code prints elsewhere are not read) and `django`, which agree with
 the official ones on real logs (tests/test_parsers_official.py); every other name (e.g.
-`parse_log_sympy`) is the official parser of the `swebench` package (envs.official).
+`parse_log_sympy`) is the official parser of the `swebench` package (envs.tasks.official).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
 
-from envs import official
 from envs.errors import TaskError
+from envs.tasks import official
 
 PASSED, FAILED, ERROR, SKIPPED, XFAIL = "PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL"
 MISSING = "MISSING"

@@ -1,7 +1,7 @@
 """Persistent shells: one long-lived runner process per sandbox that runs each command.
 
 Spawning an isolated process per command (bwrap + setpriv locally, `docker exec` in Docker) costs
-tens to hundreds of milliseconds; the runner (envs/shell_runner.py, stdlib Python started once
+tens to hundreds of milliseconds; the runner (envs/sandbox/shell_runner.py, stdlib Python started once
 inside the same isolation) forks each command in a new session with stdin closed and answers
 with its exit code and output. The host side here frames requests and answers over the runner's
 stdin and stdout: length-prefixed, every answer opened by a random per-shell token, command output
@@ -23,7 +23,7 @@ import struct
 import time
 from pathlib import Path
 
-from envs.sandbox import ARG_LIMIT, TIMEOUT_EXIT_CODE, ExecResult, OutputBuffer
+from envs.sandbox.protocol import ARG_LIMIT, TIMEOUT_EXIT_CODE, ExecResult, OutputBuffer
 
 RUNNER_SOURCE = Path(__file__).with_name("shell_runner.py").read_text()
 _SOURCE = RUNNER_SOURCE.encode()
@@ -36,7 +36,7 @@ BOOT = (
 
 
 def runner_argv(python: str, mode: str) -> list[str]:
-    """The command line that starts a runner (`mode`: "ns" or "marker", see envs/shell_runner.py)."""
+    """The command line that starts a runner (`mode`: "ns" or "marker", see envs/sandbox/shell_runner.py)."""
     return [python, "-I", "-S", "-c", BOOT, str(len(_SOURCE)), mode]
 
 

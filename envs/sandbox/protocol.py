@@ -8,7 +8,7 @@ raising. When a command times out everything it started is killed; on the Docker
 background processes otherwise live until the sandbox closes, on the local backend under bwrap
 they end with their command (its pid namespace). Output after a command returned is dropped.
 Docker sandboxes and bwrap-isolated local ones run commands through a persistent shell
-(envs.shell): one runner process per sandbox, started inside the sandbox's isolation, forks each
+(envs.sandbox.shell): one runner process per sandbox, started inside the sandbox's isolation, forks each
 command; where it cannot run, one process per command (the same contract, slower).
 `read_file(path, max_bytes)` reads inside the sandbox: regular files only, at most `max_bytes`
 (DEFAULT_READ_LIMIT), within a timeout; anything else is a SandboxError, so a FIFO or a 2 GB

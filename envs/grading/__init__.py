@@ -1,0 +1,1 @@
+"""Grading a patch, validating tasks, measuring their strength and mining new ones."""

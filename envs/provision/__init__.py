@@ -1,0 +1,1 @@
+"""A task's environment: its Docker images and venvs, Docker engines, and the sandbox it opens in."""

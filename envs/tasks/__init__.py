@@ -1,0 +1,1 @@
+"""The task record and where tasks come from: formats, parsers, patches, twins, the built-in suite."""

@@ -123,7 +123,7 @@ def test_no_command_starts_once_close_began(isolation, monkeypatch):
     """Ctrl-C closes an episode's sandbox while its command thread may be about to start the
     command: the command must not start (else the close returns and the command runs on, its
     thread holding up the run's end until it times out)."""
-    import envs.local as local
+    import envs.sandbox.local as local
 
     task = load_tasks(DATA)[0]
     sb = open_sandbox(task, "local", isolation=isolation)
@@ -223,15 +223,16 @@ def test_bad_arguments():
 
 
 MID_EXEC = """
-import os
+import os, signal
 from envs.sandbox.local import marked_pids
 from envs.sandbox.shell_runner import pids_holding
 missed = 0
 for _ in range(40):
     pid = os.fork()
     if pid == 0:
-        os.execv("/bin/sleep", ["sleep", "0.2"])
+        os.execv("/bin/sleep", ["sleep", "60"])  # outlives the scans, however slow (a loaded machine)
     missed += pid not in marked_pids("JAXSWE_T=1") or pid not in pids_holding(b"JAXSWE_T=1", os.getpid())
+    os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
 print(missed)
 """

@@ -297,6 +297,11 @@ class RLSection(Section):
     # sampling-bias alarm: the z-score it fires at (see bias_alarm_nats)
     bias_alarm_z: float = Field(4.0, gt=0)
     bias_alarm_stop: bool = True
+    # stop the stage with one error naming the last cause after this many iterations in a row in which
+    # more than half the episodes failed on infrastructure (sandbox, grading, server: such episodes
+    # are neither scored nor trained, so the stage would go on learning from almost nothing);
+    # --resume continues once it is fixed; None: never stop
+    infra_stop_iterations: int | None = Field(3, gt=0)
     seq_len: int = Field(65536, gt=0)  # packed row length of the RL train step (tokens)
     rows_per_step: int | None = Field(None, gt=0)  # fixed [rows, seq_len] per optimizer step (one compile)
     # without rows_per_step: rows padded up the ladder of this ratio (jaxswe.packing.bucket_rows)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxswe.agent.trajectory import Trajectory, save_jsonl
+from jaxswe.agent.trajectory import Trajectory, load_jsonl, save_jsonl
 from jaxswe.config import OptimizerSection, RunConfig
 from jaxswe.distributed import broadcast, is_main
 from jaxswe.errors import UserError
@@ -207,6 +207,17 @@ def iteration_line(step: int, iterations: int, row: dict[str, Any]) -> str:
     )
 
 
+def infra_stop_message(episodes_file: Path, iterations: int) -> str:
+    """Why an RL stage stops on infrastructure failures: the last episode's cause, from the
+    iteration's episodes."""
+    causes = [e.infra_error for e in load_jsonl(episodes_file) if e.infra_error]
+    return (
+        f"in {iterations} RL iterations in a row most episodes failed on infrastructure, not by the "
+        f"policy (last: {causes[-1][:400] if causes else 'unknown'}; every episode: {episodes_file}); "
+        "fix it and --resume (rl.infra_stop_iterations)"
+    )
+
+
 def rl_checkpoints(stage_dir: Path, *, resume: bool) -> Checkpoints:
     """The RL checkpoints of a stage dir; one that holds some already needs `resume`."""
     ckpts = Checkpoints(StageDir(stage_dir).checkpoints, max_to_keep=2)
@@ -259,12 +270,18 @@ def train_rl(rl_run: RLRun, *, resume: bool) -> dict[str, Any]:
                 "rl", cfg.rl.iterations, unit="iteration", initial=start, enabled=is_main(), lines=False
             ) as progress:
                 too_many_steps = StepsWarning(cfg.rl)
+                infra_run = 0  # iterations in a row in which most episodes failed on infrastructure
                 for step in range(start + 1, cfg.rl.iterations + 1):
                     row, history = loops.run_in(runner, rl_iteration(rl_run, pump, metrics, history, step))
                     progress.write(iteration_line(step, cfg.rl.iterations, row))
                     if warning := too_many_steps(row["optimizer_steps"]):
                         progress.write(warning)
                     progress.update()
+                    infra_run = infra_run + 1 if 2 * row["infra_failures"] > row["episodes"] else 0
+                    if infra_run == cfg.rl.infra_stop_iterations:
+                        raise UserError(
+                            infra_stop_message(StageDir(stage_dir).iteration_episodes(step), infra_run)
+                        )
         finally:
             if pump is not None:
                 drawn = runner.run(pump.stop())

@@ -2,6 +2,8 @@
 built-in tasks through SWEEnv and the agent loop), its escaping, and what a headless chromium renders."""
 
 import asyncio
+import contextlib
+import io
 import json
 import os
 import re
@@ -20,6 +22,7 @@ from jaxswe.agent.demos import command_reply, gold_patch_to_commands
 from jaxswe.agent.loop import run_episodes
 from jaxswe.agent.swe_env import SWEEnv
 from jaxswe.agent.trajectory import Trajectory, save_jsonl
+from jaxswe.cli import main
 from jaxswe.cli.report import curves_html, episode_html, outcome, pick_episodes, pick_spread, svg_curve
 from jaxswe.rollout.types import SamplingParams
 from jaxswe.tokenizer import build_tokenizer
@@ -35,6 +38,14 @@ def _jaxswe(*args, timeout=300):
     return subprocess.run(
         [sys.executable, "-m", "jaxswe", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
     )
+
+
+def _inspect(*args: str) -> str:
+    """`jaxswe inspect ARGS` in this process: what it prints."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["inspect", *args])
+    return out.getvalue()
 
 
 def _swe_episodes():
@@ -70,9 +81,7 @@ def run(tmp_path_factory):
     save_jsonl(root / "eval" / "trajectories" / "eval.jsonl", episodes)
     eval_config = {**config, "env": {**config["env"], "tasks": "builtin"}}  # as an eval stage writes it
     (root / "eval" / "config.yaml").write_text(yaml.safe_dump(eval_config))
-    out = _jaxswe("inspect", str(root))
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(root / "report.html")
+    assert _inspect(str(root)).strip() == str(root / "report.html")
     return root, episodes, (root / "report.html").read_text()
 
 
@@ -134,9 +143,8 @@ def test_report_loads_nothing_and_escapes_the_run(run):
 def test_stage_dir_bounded_report(run, tmp_path):
     root, _, _ = run
     target = tmp_path / "r.html"
-    out = _jaxswe("inspect", str(root / "rl"), "--out", str(target), "--episodes", "3", "--files", "1")
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(target)
+    printed = _inspect(str(root / "rl"), "--out", str(target), "--episodes", "3", "--files", "1")
+    assert printed.strip() == str(target)
     html = target.read_text()
     assert "1 of 2 trajectory files shown" in html and "iter_0002.jsonl" in html and "iter_0001" not in html
     counts = re.findall(r'<p class="counts">([^<]*)', html)
@@ -146,9 +154,11 @@ def test_stage_dir_bounded_report(run, tmp_path):
     assert html.count('<details class="ep"') == 3 and "run summary" not in html
 
 
-def test_not_a_run_dir_is_one_line_exit_2(tmp_path):
-    out = _jaxswe("inspect", str(tmp_path))
-    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "no stage found" in out.stderr
+def test_not_a_run_dir_is_one_line_exit_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _inspect(str(tmp_path))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.strip().count("\n") == 0 and "no stage found" in err, err
     assert not (tmp_path / "report.html").exists()
 
 

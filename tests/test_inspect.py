@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from html import escape
 from pathlib import Path
 
@@ -27,17 +26,10 @@ from jaxswe.cli.report import curves_html, episode_html, outcome, pick_episodes,
 from jaxswe.rollout.types import SamplingParams
 from jaxswe.tokenizer import build_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 NEEDLE = "needle-7f3a"
 HOSTILE = "<script>document.body.setAttribute('data-pwned','1')</script> I will look."
 HOSTILE_OBS = "<img src=x onerror=alert(1)>"
 WEAK = "builtin__stack-1"  # its record stores a surviving wrong fix (envs.strength)
-
-
-def _jaxswe(*args, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "jaxswe", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
-    )
 
 
 def _inspect(*args: str) -> str:
@@ -67,13 +59,12 @@ def _swe_episodes():
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """RUN_DIR with two stages: rl (2 iterations of the toy game through `jaxswe rl`) and eval (the
-    SWE episodes, saved by the stages' own writer); then `jaxswe inspect RUN_DIR`."""
+def run(tmp_path_factory, toy_rl_run):
+    """RUN_DIR with two stages: rl (a copy of the session's 2 iterations of the toy game through
+    `jaxswe rl`) and eval (the SWE episodes, saved by the stages' own writer); then `jaxswe inspect
+    RUN_DIR`."""
     root = tmp_path_factory.mktemp("inspect") / "run"
-    sets = ["--set", "rl.iterations=2", "--set", "rl.resample_to_fill=false"]
-    out = _jaxswe("rl", "--config", "configs/toy-rl.yaml", "--run-dir", str(root), *sets)  # writes root/rl
-    assert out.returncode == 0, out.stderr[-3000:]
+    shutil.copytree(toy_rl_run[0] / "rl", root / "rl")
     config = yaml.safe_load((root / "rl" / "config.yaml").read_text())
     (root / "config.yaml").write_text(yaml.safe_dump({**config, "stages": ["rl", "eval"]}))  # as a pipeline's
     episodes = _swe_episodes()

@@ -20,7 +20,7 @@ from envs import load_tasks
 from jaxswe.agent.demos import command_reply, gold_patch_to_commands
 from jaxswe.agent.loop import run_episodes
 from jaxswe.agent.swe_env import SWEEnv
-from jaxswe.agent.trajectory import Trajectory, save_jsonl
+from jaxswe.agent.trajectory import Trajectory, load_jsonl, save_jsonl
 from jaxswe.cli import main
 from jaxswe.cli.report import curves_html, episode_html, outcome, pick_episodes, pick_spread, svg_curve
 from jaxswe.rollout.types import SamplingParams
@@ -59,12 +59,21 @@ def _swe_episodes():
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, toy_rl_run):
-    """RUN_DIR with two stages: rl (a copy of the session's 2 iterations of the toy game through
-    `jaxswe rl`) and eval (the SWE episodes, saved by the stages' own writer); then `jaxswe inspect
-    RUN_DIR`."""
-    root = tmp_path_factory.mktemp("inspect") / "run"
-    shutil.copytree(toy_rl_run[0] / "rl", root / "rl")
+def run(shared_dir, toy_rl_run):
+    """(RUN_DIR, its SWE episodes, its report): RUN_DIR with two stages, rl (a copy of the session's
+    2 iterations of the toy game through `jaxswe rl`) and eval (the SWE episodes, saved by the
+    stages' own writer); then `jaxswe inspect RUN_DIR`. Built once, shared by the xdist workers."""
+    from filelock import FileLock
+
+    root = shared_dir / "inspect_run"
+    with FileLock(shared_dir / "inspect_run.lock"):
+        if not (root / "report.html").is_file():
+            _build_run(root, toy_rl_run[0] / "rl")
+    return root, load_jsonl(root / "eval" / "trajectories" / "eval.jsonl"), (root / "report.html").read_text()
+
+
+def _build_run(root: Path, rl_stage: Path) -> None:
+    shutil.copytree(rl_stage, root / "rl")
     config = yaml.safe_load((root / "rl" / "config.yaml").read_text())
     (root / "config.yaml").write_text(yaml.safe_dump({**config, "stages": ["rl", "eval"]}))  # as a pipeline's
     episodes = _swe_episodes()
@@ -73,7 +82,6 @@ def run(tmp_path_factory, toy_rl_run):
     eval_config = {**config, "env": {**config["env"], "tasks": "builtin"}}  # as an eval stage writes it
     (root / "eval" / "config.yaml").write_text(yaml.safe_dump(eval_config))
     assert _inspect(str(root)).strip() == str(root / "report.html")
-    return root, episodes, (root / "report.html").read_text()
 
 
 @pytest.mark.slow

@@ -1,7 +1,10 @@
 """Test-suite setup: 8 fake CPU devices for sharding tests, float32 matmuls at full precision."""
 
 import os
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -34,3 +37,34 @@ def pytest_runtest_makereport(item, call):
         if any(r in reason for r in _CI_REQUIRED):
             report.outcome = "failed"
             report.longrepr = f"skipped in CI, where this prerequisite must exist: {reason}"
+
+
+@pytest.fixture(scope="session")
+def shared_dir(tmp_path_factory, worker_id):
+    """A directory all of the session's xdist workers share (what one builds under a FileLock there,
+    the others read)."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
+
+
+@pytest.fixture(scope="session")
+def toy_rl_run(shared_dir):
+    """(RUN_DIR, MLflow URI) of one `jaxswe rl` on the toy game, 2 iterations, logging to
+    TensorBoard, W&B (offline) and MLflow (a file store): run once per session, shared by its xdist
+    workers (tests/test_metrics.py reads its trackers, tests/test_inspect.py reports on a copy)."""
+    from filelock import FileLock
+
+    run_dir, uri = shared_dir / "toy_rl_run", f"file://{shared_dir / 'toy_rl_mlruns'}"
+    sets = ("rl.iterations=2", "rl.resample_to_fill=false", "logging.backends=[tensorboard,wandb,mlflow]")
+    argv = [sys.executable, "-m", "jaxswe", "rl", "--config", "configs/toy-rl.yaml", "--run-dir",
+            str(run_dir), *(a for s in sets for a in ("--set", s))]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+    env |= {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_ALLOW_FILE_STORE": "true",
+            "MLFLOW_TRACKING_URI": uri}  # fmt: skip
+    with FileLock(shared_dir / "toy_rl_run.lock"):
+        if not (run_dir / "rl" / "summary.json").is_file():
+            done = subprocess.run(
+                argv, env=env, capture_output=True, text=True, cwd=Path(__file__).parents[1]
+            )
+            assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir, uri

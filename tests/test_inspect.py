@@ -2,12 +2,13 @@
 built-in tasks through SWEEnv and the agent loop), its escaping, and what a headless chromium renders."""
 
 import asyncio
+import contextlib
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 from html import escape
 from pathlib import Path
 
@@ -19,22 +20,24 @@ from envs import load_tasks
 from jaxswe.agent.demos import command_reply, gold_patch_to_commands
 from jaxswe.agent.loop import run_episodes
 from jaxswe.agent.swe_env import SWEEnv
-from jaxswe.agent.trajectory import Trajectory, save_jsonl
+from jaxswe.agent.trajectory import Trajectory, load_jsonl, save_jsonl
+from jaxswe.cli import main
 from jaxswe.cli.report import curves_html, episode_html, outcome, pick_episodes, pick_spread, svg_curve
 from jaxswe.rollout.types import SamplingParams
 from jaxswe.tokenizer import build_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 NEEDLE = "needle-7f3a"
 HOSTILE = "<script>document.body.setAttribute('data-pwned','1')</script> I will look."
 HOSTILE_OBS = "<img src=x onerror=alert(1)>"
 WEAK = "builtin__stack-1"  # its record stores a surviving wrong fix (envs.grading.strength)
 
 
-def _jaxswe(*args, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "jaxswe", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
-    )
+def _inspect(*args: str) -> str:
+    """`jaxswe inspect ARGS` in this process: what it prints."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["inspect", *args])
+    return out.getvalue()
 
 
 def _swe_episodes():
@@ -56,13 +59,21 @@ def _swe_episodes():
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """RUN_DIR with two stages: rl (2 iterations of the toy game through `jaxswe rl`) and eval (the
-    SWE episodes, saved by the stages' own writer); then `jaxswe inspect RUN_DIR`."""
-    root = tmp_path_factory.mktemp("inspect") / "run"
-    sets = ["--set", "rl.iterations=2", "--set", "rl.resample_to_fill=false"]
-    out = _jaxswe("rl", "--config", "configs/toy-rl.yaml", "--run-dir", str(root), *sets)  # writes root/rl
-    assert out.returncode == 0, out.stderr[-3000:]
+def run(shared_dir, toy_rl_run):
+    """(RUN_DIR, its SWE episodes, its report): RUN_DIR with two stages, rl (a copy of the session's
+    2 iterations of the toy game through `jaxswe rl`) and eval (the SWE episodes, saved by the
+    stages' own writer); then `jaxswe inspect RUN_DIR`. Built once, shared by the xdist workers."""
+    from filelock import FileLock
+
+    root = shared_dir / "inspect_run"
+    with FileLock(shared_dir / "inspect_run.lock"):
+        if not (root / "report.html").is_file():
+            _build_run(root, toy_rl_run[0] / "rl")
+    return root, load_jsonl(root / "eval" / "trajectories" / "eval.jsonl"), (root / "report.html").read_text()
+
+
+def _build_run(root: Path, rl_stage: Path) -> None:
+    shutil.copytree(rl_stage, root / "rl")
     config = yaml.safe_load((root / "rl" / "config.yaml").read_text())
     (root / "config.yaml").write_text(yaml.safe_dump({**config, "stages": ["rl", "eval"]}))  # as a pipeline's
     episodes = _swe_episodes()
@@ -70,10 +81,7 @@ def run(tmp_path_factory):
     save_jsonl(root / "eval" / "trajectories" / "eval.jsonl", episodes)
     eval_config = {**config, "env": {**config["env"], "tasks": "builtin"}}  # as an eval stage writes it
     (root / "eval" / "config.yaml").write_text(yaml.safe_dump(eval_config))
-    out = _jaxswe("inspect", str(root))
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(root / "report.html")
-    return root, episodes, (root / "report.html").read_text()
+    assert _inspect(str(root)).strip() == str(root / "report.html")
 
 
 @pytest.mark.slow
@@ -134,9 +142,8 @@ def test_report_loads_nothing_and_escapes_the_run(run):
 def test_stage_dir_bounded_report(run, tmp_path):
     root, _, _ = run
     target = tmp_path / "r.html"
-    out = _jaxswe("inspect", str(root / "rl"), "--out", str(target), "--episodes", "3", "--files", "1")
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(target)
+    printed = _inspect(str(root / "rl"), "--out", str(target), "--episodes", "3", "--files", "1")
+    assert printed.strip() == str(target)
     html = target.read_text()
     assert "1 of 2 trajectory files shown" in html and "iter_0002.jsonl" in html and "iter_0001" not in html
     counts = re.findall(r'<p class="counts">([^<]*)', html)
@@ -146,9 +153,11 @@ def test_stage_dir_bounded_report(run, tmp_path):
     assert html.count('<details class="ep"') == 3 and "run summary" not in html
 
 
-def test_not_a_run_dir_is_one_line_exit_2(tmp_path):
-    out = _jaxswe("inspect", str(tmp_path))
-    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "no stage found" in out.stderr
+def test_not_a_run_dir_is_one_line_exit_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _inspect(str(tmp_path))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.strip().count("\n") == 0 and "no stage found" in err, err
     assert not (tmp_path / "report.html").exists()
 
 

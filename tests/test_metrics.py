@@ -1,12 +1,10 @@
 import json
-import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from jaxswe.cli import main
 from jaxswe.run.metrics import MetricsLogger, read_rows, truncate_after
 from jaxswe.run.plots import plot_metrics
 
@@ -77,36 +75,16 @@ def _wandb_history(run_dir) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_stage_logs_to_wandb_and_mlflow_and_refuses_what_cannot_open(tmp_path, monkeypatch):
+def test_a_stage_logs_to_wandb_and_mlflow_and_refuses_what_cannot_open(
+    toy_rl_run, tmp_path, monkeypatch, capsys
+):
     """`logging.backends: [tensorboard, wandb, mlflow]`: a real `jaxswe rl` stage sends each
     iteration's scalars to TensorBoard, a W&B run (offline mode, read back from its file) and an
     MLflow run (a file store, read back through MLflow's client), the config as the runs'
     parameters; a tracker that cannot open is refused in one line before the stage starts."""
     import mlflow
 
-    run_dir = tmp_path / "rl"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env |= {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_ALLOW_FILE_STORE": "true",
-            "MLFLOW_TRACKING_URI": f"file://{tmp_path / 'mlruns'}"}  # fmt: skip
-    argv = [
-        sys.executable,
-        "-m",
-        "jaxswe",
-        "rl",
-        "--config",
-        str(ROOT / "configs" / "toy-rl.yaml"),
-        "--run-dir",
-    ]
-    sets = [
-        "--set",
-        "rl.iterations=2",
-        "--set",
-        "rl.resample_to_fill=false",
-        "--set",
-        "logging.backends=[tensorboard,wandb,mlflow]",
-    ]
-    done = subprocess.run([*argv, str(run_dir), *sets], env=env, capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir, uri = toy_rl_run
     stage = run_dir / "rl"  # RUN_DIR/<stage>
     assert list((stage / "tb").glob("events.out.tfevents.*"))
     rows = read_rows(stage / "metrics.jsonl")
@@ -114,16 +92,19 @@ def test_a_stage_logs_to_wandb_and_mlflow_and_refuses_what_cannot_open(tmp_path,
     history = _wandb_history(stage)
     assert [(h["_step"], h["pass_rate"]) for h in history] == [(r["step"], r["pass_rate"]) for r in rows]
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    client = mlflow.MlflowClient(tracking_uri=uri)
     run = client.get_run((stage / "mlflow_run_id").read_text().strip())
     assert run.info.run_name == "toy-rl/rl" and run.data.params["rl.iterations"] == "2"
     logged = client.get_metric_history(run.info.run_id, "pass_rate")
     assert [(m.step, m.value) for m in logged] == [(r["step"], r["pass_rate"]) for r in rows]
     # MLflow with nowhere to log: one line, exit 2, nothing written
-    env.pop("MLFLOW_TRACKING_URI")
-    refused = subprocess.run([*argv, str(tmp_path / "other"), *sets], env=env, capture_output=True, text=True,
-                             cwd=ROOT)  # fmt: skip
-    assert refused.returncode == 2 and "set MLFLOW_TRACKING_URI" in refused.stderr, refused.stderr[-2000:]
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    with pytest.raises(SystemExit) as exc:
+        main(["rl", "--config", str(ROOT / "configs" / "toy-rl.yaml"), "--run-dir", str(tmp_path / "other"),
+              "--set", "logging.backends=[tensorboard,wandb,mlflow]"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "set MLFLOW_TRACKING_URI" in err, err
     assert not (tmp_path / "other").exists()
 
 

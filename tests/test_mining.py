@@ -271,7 +271,7 @@ def _weak_tests_found_and_dropped_from_rl(mined: Path, tmp_path: Path) -> None:
     measured = tmp_path / "measured.jsonl"
     jaxswe = [sys.executable, "-m", "jaxswe"]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
-    audit = subprocess.run([*jaxswe, "tasks", "filter", str(mined), "--min-strength", "0", "--budget", "6",
+    audit = subprocess.run([*jaxswe, "tasks", "filter", str(mined), "--min-strength", "0", "--budget", "3",
                             "--workers", "1", "--out", str(measured)], capture_output=True, text=True,
                            env=env, timeout=600)  # fmt: skip
     assert audit.returncode == 0, audit.stderr[-3000:]

@@ -60,7 +60,7 @@ def test_untrained_stage_fails_resumes_as_it_is_and_is_what_eval_takes(tmp_path,
     and fails; --resume keeps it as it is; `jaxswe eval --run-dir` evaluates it and says so."""
     run_dir = tmp_path / "run"
     _untrained_rl_fails(run_dir, _jaxswe("rl", "--config", TOY, "--run-dir", str(run_dir)))
-    _resumed_finished_stage_stays(run_dir)
+    _resumed_finished_stage_stays(run_dir, capsys)
     _eval_takes_the_trained_stage(run_dir, tmp_path / "fresh", capsys)
 
 
@@ -76,18 +76,18 @@ def _untrained_rl_fails(run_dir: Path, out: subprocess.CompletedProcess) -> None
     assert summary["optimizer_steps"] == 0 and summary["episodes_drawn"] == 4, summary
 
 
-def _resumed_finished_stage_stays(run_dir: Path) -> None:
+def _resumed_finished_stage_stays(run_dir: Path, capsys) -> None:
     """--resume of a finished stage runs nothing and leaves every file byte for byte (its counters
     were once rewritten to this process's zeros); allow_untrained_stage lets it pass."""
     stage = run_dir / "rl"
     before = {p: p.read_bytes() for p in stage.rglob("*") if p.is_file()}
-    out = _jaxswe("rl", "--config", TOY, "--run-dir", str(run_dir), "--resume",
-                  sets=(*TINY, "allow_untrained_stage=true"))  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert f"jaxswe: == rl finished before ({stage / 'summary.json'})\n" in out.stderr, out.stderr
-    assert "jaxswe rl 1/1" not in out.stderr  # no iteration ran
+    sets = [a for s in (*TINY, "allow_untrained_stage=true") for a in ("--set", s)]
+    main(["rl", "--config", TOY, "--run-dir", str(run_dir), "--resume", *sets])
+    out = capsys.readouterr()
+    assert f"jaxswe: == rl finished before ({stage / 'summary.json'})\n" in out.err, out.err
+    assert "jaxswe rl 1/1" not in out.err  # no iteration ran
     assert {p: p.read_bytes() for p in stage.rglob("*") if p.is_file()} == before
-    assert json.loads(out.stdout) == json.loads(before[stage / "summary.json"])
+    assert json.loads(out.out) == json.loads(before[stage / "summary.json"])
 
 
 def _eval_takes_the_trained_stage(run_dir: Path, fresh: Path, capsys) -> None:

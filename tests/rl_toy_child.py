@@ -46,7 +46,8 @@ def main() -> None:
 
         ckpt_mod.Checkpoints.save = dying_save
     every = int(sys.argv[sys.argv.index("--checkpoint-every") + 1]) if "--checkpoint-every" in sys.argv else 1
-    cfg = toy_config(rl={"iterations": iterations, "checkpoint_every": every})
+    # no TensorBoard: importing it (torch) is a third of a process start; trackers: test_metrics.py
+    cfg = toy_config(rl={"iterations": iterations, "checkpoint_every": every}, logging={"backends": []})
     policy, tok = toy_policy(run_dir.parent / "policy", 2)
     sampler = Sampler(
         policy.model_cfg, policy.params, max_context=128, min_batch_bucket=64, min_prompt_bucket=128

@@ -87,6 +87,7 @@ TOY_PIPELINE = [  # RL from the random init on the toy game: DAPO steps are take
     "rl.iterations=2",
     "rl.max_resample_rounds=1",  # one resampling round: iteration 1 then has an informative group
     "eval.after_stage=false",
+    "logging.backends=[]",  # no TensorBoard (its torch import) in each of the 5 processes
 ]
 
 

@@ -62,6 +62,7 @@ def test_k0_reproduces_the_synchronous_loop_rows_through_ctrl_c_and_resume(tmp_p
     # the reference's settings (the config then had seed 1 and lr 3e-3)
     sets = ("seed=1", "optimizer.lr=3e-3", "rl.iterations=3", "rl.max_staleness=0")
     sets += ("rl.resample_to_fill=true", "rl.max_resample_rounds=2")
+    sets += ("logging.backends=[]",)  # no TensorBoard: its torch import is most of a process start
     run_dir = tmp_path / "run"
     stage = run_dir / "rl"  # RUN_DIR/<stage>
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from envs import TaskError, load_tasks, official
+from envs import TaskError, load_tasks
+from envs.tasks import official
 from envs.tasks.records import reverse_patch
 
 DATA = Path(__file__).parent / "data" / "published"

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from envs import load_tasks, official
+from envs import load_tasks
+from envs.tasks import official
 from envs.tasks.parsers import PARSERS, graded_failures, parser_name_for_repo, status_of
 
 DATA = Path(__file__).parent / "data" / "published"

@@ -50,15 +50,33 @@ def result_line(summary: dict[str, Any]) -> str:
 def run_stage(
     name: str, cfg: RunConfig, stage_dir: Path, *, init_from: str | None, resume: bool
 ) -> dict[str, Any]:
-    """Run one stage into `stage_dir`: a one-line banner once its inputs are checked, its result
-    line at the end (stderr); return its summary (also written to summary.json)."""
+    """Run one stage into `stage_dir`: check its inputs, open it (starting policy, banner), run it,
+    finish it (eval, checkpoint, summary.json) and print its result line (stderr); return its
+    summary. Ctrl-C leaves the curves and a partial summary."""
+    start = time.monotonic()
+    if name not in RUNS:
+        raise UserError(f"unknown stage {name!r}; choose one of {STAGES}")
     stage_dir = Path(stage_dir)
     check_run_dir(stage_dir, resume=resume)  # before anything is written into it
     changes = config_changes(stage_dir, cfg)
     if resume and StageDir(stage_dir).summary.is_file():  # finished: its summary stands
         return finished_stage(name, stage_dir, cfg, changes)
     try:
-        return check_trained(_run_stage(name, cfg, stage_dir, init_from=init_from, resume=resume), cfg)
+        inputs = check_inputs(cfg)
+        policy = None
+        if name == "warmstart":  # builds its tokenizer and model: it starts from nothing
+            init_from = None
+            stage_dir.mkdir(parents=True, exist_ok=True)
+            policy = build_policy(cfg, stage_dir, inputs.tasks, env_factory(cfg, inputs.tasks))
+        elif name == "rl":
+            check_history(cfg, init_from)
+        if name == "eval":  # refuses a random init before anything is written
+            banner = f"eval of {eval_weights(cfg, init_from)}"
+        else:
+            banner = name + (f" from {init_from}" if init_from else "")
+        ctx = open_stage(cfg, stage_dir, init_from=init_from, policy=policy, inputs=inputs)
+        print(f"jaxswe: == {banner} -> {stage_dir}", file=sys.stderr, flush=True)
+        summary = finish_stage(ctx, *RUNS[name](ctx, resume=resume))
     except KeyboardInterrupt:  # Ctrl-C: the curves and summary so far (not summary.json: not done)
         files = StageDir(stage_dir)
         if is_main() and files.metrics.is_file() and name != "eval":
@@ -66,6 +84,9 @@ def run_stage(
         if stage_dir.is_dir():
             write_partial_summary(name, stage_dir)
         raise
+    minutes, seconds = divmod(int(time.monotonic() - start), 60)
+    print(f"jaxswe: == {name} done in {minutes}m{seconds:02d}s: {result_line(summary)}", file=sys.stderr, flush=True)
+    return check_trained(summary, cfg)
 
 
 def finished_stage(name: str, stage_dir: Path, cfg: RunConfig, changes: dict[str, Any]) -> dict[str, Any]:
@@ -94,37 +115,6 @@ def check_trained(summary: dict[str, Any], cfg: RunConfig) -> dict[str, Any]:
         f"the {name} stage trained nothing: {why}; its weights are the ones it started from "
         "(--set allow_untrained_stage=true accepts such a stage)"
     )
-
-
-def _run_stage(
-    name: str, cfg: RunConfig, stage_dir: Path, *, init_from: str | None, resume: bool
-) -> dict[str, Any]:
-    """Open the stage (inputs checked, starting policy, banner), run it, finish it."""
-    start = time.monotonic()
-    if name not in RUNS:
-        raise UserError(f"unknown stage {name!r}; choose one of {STAGES}")
-    inputs = check_inputs(cfg)
-    policy = None
-    if name == "warmstart":  # builds its tokenizer and model: it starts from nothing
-        init_from = None
-        stage_dir.mkdir(parents=True, exist_ok=True)
-        policy = build_policy(cfg, stage_dir, inputs.tasks, env_factory(cfg, inputs.tasks))
-    elif name == "rl":
-        check_history(cfg, init_from)
-    if name == "eval":  # refuses a random init before anything is written
-        banner = f"eval of {eval_weights(cfg, init_from)}"
-    else:
-        banner = name + (f" from {init_from}" if init_from else "")
-    ctx = open_stage(cfg, stage_dir, init_from=init_from, policy=policy, inputs=inputs)
-    print(f"jaxswe: == {banner} -> {stage_dir}", file=sys.stderr, flush=True)
-    summary = finish_stage(ctx, *RUNS[name](ctx, resume=resume))
-    minutes, seconds = divmod(int(time.monotonic() - start), 60)
-    print(
-        f"jaxswe: == {name} done in {minutes}m{seconds:02d}s: {result_line(summary)}",
-        file=sys.stderr,
-        flush=True,
-    )
-    return summary
 
 
 def run_pipeline(cfg: RunConfig, run_dir: Path, *, resume: bool) -> dict[str, Any]:

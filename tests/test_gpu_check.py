@@ -1,7 +1,7 @@
 """bench/gpu/check.py --cpu-dry-run: every section of the H200 check runs, at tiny shapes, in the
 device image's conditions (no pydantic, no typer: they are blocked here), and fills one table.
-About 50 s of CPU (six processes, each compiling at tiny shapes). The RL settings the check
-writes out are held equal to the shipped RL configs'."""
+About 55 s of CPU (seven processes: env and six sections, each compiling at tiny shapes). The RL
+settings the check writes out are held equal to the shipped RL configs'."""
 
 import importlib.util
 import json

@@ -8,14 +8,13 @@ config it runs on one device.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxswe.config import MeshSection, OptimizerSection
 from jaxswe.distributed import check_same_on_every_process, to_host
 from jaxswe.errors import UserError
 from jaxswe.losses import LossSettings
@@ -31,6 +30,9 @@ from jaxswe.train import (
 )
 from jaxswe.train.state import abstract_params
 from sharding import make_mesh, make_rules, param_shardings
+
+if TYPE_CHECKING:  # annotations only: the steps import without pydantic (GPU images, bench/gpu/check.py)
+    from jaxswe.config import MeshSection, OptimizerSection
 
 Batch = TokenBatch | dict[str, np.ndarray]
 

@@ -85,7 +85,11 @@ def run_stage(
             write_partial_summary(name, stage_dir)
         raise
     minutes, seconds = divmod(int(time.monotonic() - start), 60)
-    print(f"jaxswe: == {name} done in {minutes}m{seconds:02d}s: {result_line(summary)}", file=sys.stderr, flush=True)
+    print(
+        f"jaxswe: == {name} done in {minutes}m{seconds:02d}s: {result_line(summary)}",
+        file=sys.stderr,
+        flush=True,
+    )
     return check_trained(summary, cfg)
 
 

@@ -6,6 +6,7 @@ import re
 import threading
 
 import pytest
+from agent_helpers import ScriptRouter
 
 import envs
 from envs import SandboxError, load_tasks
@@ -13,7 +14,7 @@ from jaxswe.agent.demos import command_reply, gold_patch_to_commands
 from jaxswe.agent.loop import run_episodes
 from jaxswe.agent.swe_env import SWEEnv
 from jaxswe.config import RunConfig
-from jaxswe.rollout.types import Generation, SamplingParams
+from jaxswe.rollout.types import SamplingParams
 from jaxswe.tokenizer import build_tokenizer
 
 TASKS = load_tasks("builtin")
@@ -24,27 +25,6 @@ SAMPLING = SamplingParams(max_new_tokens=2048)
 def tok():
     corpus = [t.problem_statement for t in TASKS] + [t.patch for t in TASKS]
     return build_tokenizer(corpus, 1000)
-
-
-class ScriptRouter:
-    """Test double for the model: each episode (found by its problem statement) replays its own script."""
-
-    def __init__(self, tok, scripts, version=None):
-        self.tok, self.scripts = tok, scripts  # {problem_statement: [reply, ...]}
-        self.version = version  # the weight version stamped on every sampled token (None: none)
-        self.turn = dict.fromkeys(scripts, 0)
-        self.eot = tok.convert_tokens_to_ids("<|im_end|>")
-        self.outputs = []  # (the ids it saw, the ids it generated) per call
-
-    async def generate(self, input_ids, params):
-        text = self.tok.decode(input_ids)
-        key = next(k for k in self.scripts if k in text)
-        reply = self.scripts[key][self.turn[key]]
-        self.turn[key] += 1
-        ids = self.tok.encode(reply, add_special_tokens=False) + [self.eot]
-        self.outputs.append((list(input_ids), ids))
-        versions = None if self.version is None else [self.version] * len(ids)
-        return Generation(ids, [-0.5] * len(ids), "stop", weight_versions=versions)
 
 
 def play(tok, tasks, scripts, concurrency=2, episodes=None):

@@ -6,13 +6,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from jaxswe.cli import _COMMAND_MODULES
-
-ROOT = Path(__file__).parent.parent
 
 
 def _jaxswe(*args, timeout=120):

@@ -1,14 +1,13 @@
 """Config files: validation, overrides, and one-line errors naming the file and the key."""
 
-from pathlib import Path
-
 import pytest
+from helpers import ROOT
 
 from jaxswe.config import ConfigError, RunConfig, apply_overrides, dump_config, load_config
 from jaxswe.model.config import get_preset
 from jaxswe.policy import context_warning
 
-CONFIGS = sorted(Path(__file__).resolve().parents[1].joinpath("configs").rglob("*.yaml"))
+CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
 
 
 def _write(tmp_path, text):

@@ -5,16 +5,15 @@ import asyncio
 import contextlib
 import io
 import json
-import os
 import re
 import shutil
-import subprocess
 from html import escape
 from pathlib import Path
 
 import pytest
 import yaml
-from test_agent_swe_env import ScriptRouter
+from agent_helpers import ScriptRouter
+from browser_helpers import assert_screenshot_not_blank, dump_dom, rendered_episodes
 
 from envs import load_tasks
 from jaxswe.agent.demos import command_reply, gold_patch_to_commands
@@ -184,43 +183,11 @@ def test_outcomes_and_bounds():
     assert pick_spread(10, 4) == [0, 3, 6, 9] and pick_spread(3, 5) == [0, 1, 2] and pick_spread(5, 1) == [4]
 
 
-def _browser():
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("chromium not installed; .ci/run installs it")
-        pytest.skip("chromium not installed (apt-get install chromium)")
-    return path
-
-
-def _dump_dom(html_path: Path, fragment: str) -> str:
-    out = subprocess.run(
-        [
-            _browser(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--dump-dom",
-            f"file://{html_path}#{fragment}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    assert out.returncode == 0 and "</html>" in out.stdout, out.stderr[-2000:]
-    return out.stdout
-
-
-def _episodes(dom: str) -> list[str]:
-    """Each episode's markup as rendered, from its opening tag."""
-    return ["<details" + part for part in re.split(r"<details(?= class=\"ep\")", dom)[1:]]
-
-
 def test_browser_runs_the_search_and_the_filters(run):
     root, _, _ = run
-    dom = _dump_dom(root / "report.html", f"q={NEEDLE}")
+    dom = dump_dom(root / "report.html", f"q={NEEDLE}")
     assert 'data-ready="1"' in dom and 'data-pwned="' not in dom and dom.count("<script") == 1
-    eps = _episodes(dom)
+    eps = rendered_episodes(dom)
     assert len(eps) > 20
     hits = [e for e in eps if NEEDLE in e]
     assert len(hits) == 1
@@ -231,8 +198,8 @@ def test_browser_runs_the_search_and_the_filters(run):
     assert all('hidden=""' in e.split(">", 1)[0] for e in eps if e is not hit)
     assert f"1 of {len(eps)} episodes shown, 1 turns match" in dom
 
-    dom = _dump_dom(root / "report.html", "outcome=resolved")
-    eps = _episodes(dom)
+    dom = dump_dom(root / "report.html", "outcome=resolved")
+    eps = rendered_episodes(dom)
     visible = [e for e in eps if 'hidden=""' not in e.split(">", 1)[0]]
     assert visible and all('data-outcome="resolved"' in e.split(">", 1)[0] for e in visible)
     assert len(visible) < len(eps) and f"{len(visible)} of {len(eps)} episodes shown" in dom
@@ -263,21 +230,6 @@ def test_an_interrupted_stage_shows_its_partial_summary(tmp_path):
     assert stage.name == "rl" and stage.summary["interrupted"] is True, stage.summary
     assert stage.summary["steps_done"] == 2 and stage.summary["resume_from_checkpoint"] == 2
     assert stage.summary["last_metrics"]["pass_rate"] == 0.5
-
-
-def assert_screenshot_not_blank(html_path: Path, shot: Path) -> None:
-    """What a person sees: chromium's screenshot of a report holds text and charts, not one colour."""
-    from matplotlib.image import imread
-
-    argv = [_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
-    argv += ["--window-size=1200,900", f"--screenshot={shot}", f"file://{html_path}"]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=90)
-    assert out.returncode == 0 and shot.is_file(), out.stderr[-2000:]
-    pixels = imread(shot)[..., :3]
-    assert pixels.shape[:2] == (900, 1200)
-    colours = len({tuple(p) for p in (pixels.reshape(-1, 3)[::7] * 255).astype(int)})
-    dark = (pixels.mean(axis=-1) < 0.5).mean()  # text and lines on the page's light background
-    assert colours > 20 and 0.005 < dark < 0.6, (colours, dark)
 
 
 def test_browser_screenshot_is_not_blank(run, tmp_path):

@@ -3,12 +3,11 @@ import struct
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from jaxswe.cli import main
 from jaxswe.run.metrics import MetricsLogger, read_rows, truncate_after
 from jaxswe.run.plots import plot_metrics
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_log_truncate_resume_and_plot(tmp_path):

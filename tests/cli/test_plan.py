@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from jaxswe.cli import main
 from jaxswe.config import load_config
@@ -12,7 +13,7 @@ from jaxswe.plan import plan_config
 from sharding import ShardingError
 from sharding.planner import ModelShape, PlanInput, plan
 
-CONFIGS = sorted(Path(__file__).parent.parent.glob("configs/qwen2.5-*/*.yaml"))
+CONFIGS = sorted(ROOT.glob("configs/qwen2.5-*/*.yaml"))
 QWEN72 = ModelShape(
     vocab=152064, hidden=8192, intermediate=29568, layers=80, heads=64, kv_heads=8, head_dim=128, tie=False
 )

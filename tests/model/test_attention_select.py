@@ -2,13 +2,13 @@
 the one flash kernel (sharding.flash) equals the dense reference; bad settings give one error."""
 
 import functools
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import ROOT
 
 import jaxswe.model.attention as attention
 from jaxswe.config import ConfigError, load_config
@@ -18,7 +18,7 @@ from jaxswe.train import init_train_state, make_compute_logprobs, make_sft_step
 from sharding import make_mesh, make_rules
 
 B, T = 4, 20  # T is no multiple of the block (8): the flash kernel pads
-TOY = str(Path(__file__).parents[1] / "configs" / "toy-rl.yaml")
+TOY = str(ROOT / "configs" / "toy-rl.yaml")
 CFG = get_preset("tiny", vocab_size=64, attention_block=8, logprob_chunk=16)
 
 

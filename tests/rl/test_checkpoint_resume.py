@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import TESTS
 
 from jaxswe.run.metrics import read_rows
 
-CHILD = Path(__file__).parent / "rl_toy_child.py"
+CHILD = TESTS / "rl_toy_child.py"
 ITERATIONS = 3
 
 

@@ -18,14 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import DATA, ROOT
 from rl_toy_helpers import toy_policy
 
 from envs.toy import ToyEnv
 from jaxswe.run.metrics import read_rows
 
-ROOT = Path(__file__).parent.parent
 CONFIG = ROOT / "configs" / "toy-rl.yaml"
-REFERENCE = json.loads((Path(__file__).parent / "data" / "rl_sync_reference.json").read_text())
+REFERENCE = json.loads((DATA / "rl_sync_reference.json").read_text())
 
 
 def _episode(task: str, versions: list[int], resolved: bool, logprobs: list[float] | None = None):

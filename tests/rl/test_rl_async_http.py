@@ -5,15 +5,12 @@ tests/test_cluster.py."""
 
 import asyncio
 import time
-from pathlib import Path
 
 import pytest
 from aiohttp import web
 from helpers import free_port
 
 from jaxswe.rollout.client import RolloutClient, RolloutError
-
-ROOT = Path(__file__).parent.parent
 
 
 async def _recording_workers(n: int, *, slow_pause: float, failing: int | None):

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-ROOT = Path(__file__).parent.parent
 CONFIG = ROOT / "configs" / "toy-rl.yaml"
 
 

@@ -6,9 +6,9 @@ were: +1.00x params, 2.27 GB per GPU at 72B). configs/toy-rl.yaml on 8 fake devi
 from __future__ import annotations
 
 import gc
-from pathlib import Path
 
 import jax
+from helpers import ROOT
 
 from jaxswe.config import load_config
 from jaxswe.rl.loop import rl_trainer
@@ -16,7 +16,7 @@ from jaxswe.stages.context import open_stage
 from jaxswe.stages.rft import rft_trainer
 from jaxswe.train.trainer import params_placement
 
-CONFIG = Path(__file__).parent.parent / "configs" / "toy-rl.yaml"
+CONFIG = ROOT / "configs" / "toy-rl.yaml"
 
 
 def device_bytes(tree) -> int:

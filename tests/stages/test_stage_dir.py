@@ -2,14 +2,14 @@
 shows, and every stage file goes through one atomic writer."""
 
 import re
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from jaxswe.run.files import write_text_atomic
 from jaxswe.run.layout import StageDir, is_stage_dir
 
-ARCHITECTURE = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 
 def _names(stage: StageDir) -> list[str]:

@@ -1,9 +1,9 @@
 """docs/architecture.md's `file:line` references point at what they name."""
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
+
 # `path:N` (`name`), `Class.method` (`path:N`) or (`name`, `path:N`): the line must hold the name's last part
 NAMED = re.compile(
     r"`(jaxswe/[\w/]+\.py):(\d+)`\s+\(`([\w.]+)`"

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import DATA, ROOT
 
 from jaxswe.cli import main
 from jaxswe.config import load_config
@@ -18,8 +19,8 @@ from jaxswe.stages.context import check_inputs
 from jaxswe.stages.runtime import env_factory
 from jaxswe.stages.warmstart import CORPUS_WORKDIR, corpus_texts
 
-CONFIG = Path(__file__).parents[1] / "configs" / "demo-cpu.yaml"
-SHRINK = (Path(__file__).parent / "data" / "demo_shrink.txt").read_text().split()  # also CI's prelude's
+CONFIG = ROOT / "configs" / "demo-cpu.yaml"
+SHRINK = (DATA / "demo_shrink.txt").read_text().split()  # also CI's prelude's
 
 
 def _demo_run(tmp_path: Path, capsys) -> tuple[Path, str]:
@@ -94,15 +95,15 @@ def test_demo_pipeline_shrunk(tmp_path, capsys):
         gap = np.abs(logp[mask] - np.asarray([episode["rollout_logprobs"]])[mask]).max()
         assert (gap < 1e-3) == expect, (stage, gap)
     # as a person reads it: `jaxswe inspect` on the run (its RL stage on built-in tasks) in chromium
-    from test_inspect import _dump_dom, _episodes, assert_screenshot_not_blank
+    from browser_helpers import assert_screenshot_not_blank, dump_dom, rendered_episodes
 
     report = tmp_path / "report.html"
     main(["inspect", str(run_dir), "--out", str(report)])
-    dom = _dump_dom(report, "")
+    dom = dump_dom(report, "")
     assert 'data-ready="1"' in dom and all(f"<h2>{s} " in dom for s in ("warmstart", "rft", "rl", "eval"))
     rl_episodes = (run_dir / "rl" / "trajectories" / "iter_0001.jsonl").read_text().splitlines()
-    assert "iter_0001.jsonl" in dom and len(_episodes(dom)) >= len(rl_episodes)
-    assert sum('<div class="turn">' in e for e in _episodes(dom)) >= len(rl_episodes)  # turn by turn
+    assert "iter_0001.jsonl" in dom and len(rendered_episodes(dom)) >= len(rl_episodes)
+    assert sum('<div class="turn">' in e for e in rendered_episodes(dom)) >= len(rl_episodes)  # turn by turn
     assert_screenshot_not_blank(report, tmp_path / "report.png")
 
 

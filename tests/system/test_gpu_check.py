@@ -8,11 +8,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 CHECK = ROOT / "bench" / "gpu" / "check.py"
 
 

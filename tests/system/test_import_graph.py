@@ -12,7 +12,8 @@ import ast
 import functools
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
+
 PACKAGES = ("jaxswe", "envs", "sharding")
 
 # package (jaxswe's sub-packages and top-level modules, envs, sharding) -> floor; imports go to floors <= own

@@ -15,15 +15,13 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import free_port
+from helpers import ROOT, TESTS, free_port
 
 from jaxswe.config import load_config
 from jaxswe.policy import load_policy
 from jaxswe.run.metrics import read_rows
 from jaxswe.stages.toy import toy_policy
 
-HERE = Path(__file__).parent
-ROOT = HERE.parent
 TOY_RL = ROOT / "configs" / "toy-rl.yaml"
 pytestmark = pytest.mark.slow
 
@@ -97,7 +95,7 @@ def _audited(args: list[str], run_dir: Path, n: int, cache: Path, tag: str = "")
     if n > 1:
         args = [*args, "--coordinator", f"localhost:{free_port()}", "--num-processes", str(n)]
     logs = run_dir.parent / f"logs_{n}"
-    cmd = [sys.executable, str(HERE / "mp_audit_child.py")]
+    cmd = [sys.executable, str(TESTS / "mp_audit_child.py")]
     return [
         _spawn([*cmd, str(logs / f"written_{i}.txt"), *args, *(["--process-id", str(i)] if n > 1 else [])],
                8 // n, cache, logs / f"log_{i}{tag}.txt")
@@ -180,7 +178,7 @@ def test_save_hf_from_two_processes_loads_in_transformers(tmp_path):
     from jaxswe.model.params import init_params
 
     port = str(free_port())
-    cmd = [sys.executable, str(HERE / "mp_save_hf_child.py"), str(tmp_path)]
+    cmd = [sys.executable, str(TESTS / "mp_save_hf_child.py"), str(tmp_path)]
     _wait([_spawn([*cmd, str(i), port], 4, tmp_path / "xla", tmp_path / f"log_{i}.txt") for i in range(2)])
     written = [set(json.loads((tmp_path / f"written_{i}.json").read_text())) for i in range(2)]
     index_file = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
@@ -225,7 +223,7 @@ def test_two_processes_drive_a_share_of_each_round_each_and_judge_the_same_group
     """k = 0 over servers every process reaches (`Backend.spread`): both processes run the pump,
     each drives every other episode of each round with its own engine client, and the all-gathered
     groups (resampling rounds included) are those one process judges driving them all."""
-    child = [sys.executable, str(HERE / "spread_child.py")]
+    child = [sys.executable, str(TESTS / "spread_child.py")]
     port = free_port()
     procs = [_spawn([*child, str(tmp_path / f"p{i}.json"), f"localhost:{port}", "2", str(i)], 1,
                     tmp_path / "xla", tmp_path / f"log_{i}.txt") for i in range(2)]  # fmt: skip

@@ -28,10 +28,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from jaxswe.run.metrics import read_rows
 
-CONFIG = Path(__file__).parent.parent / "configs" / "toy-rl.yaml"
+CONFIG = ROOT / "configs" / "toy-rl.yaml"
 OVERRIDES = os.environ.get("JAXSWE_LEARNING_SET", "").split()
 ITERATIONS = 21
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import yaml
 from half_solver import half_solving_model
-from helpers import free_port
+from helpers import REPOS, free_port
 
 from envs.tasks.records import load_tasks
 from jaxswe.agent.trajectory import load_jsonl
@@ -35,7 +35,6 @@ from jaxswe.model import token_logprobs
 from jaxswe.model.hf_io import load_hf
 from jaxswe.policy import load_policy
 
-REPOS = Path(__file__).resolve().parents[2] / "shared" / "repos"  # ../shared beside the checkout (CI too)
 MINED = (  # (bundle, commit, owner/name, install recipe)
     ("toolz", "5a7e078", "pytoolz/toolz", {"test_cmd": "pytest -rA"}),
     # boltons' conftest predates pytest 9 (docs/tasks.md)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from jaxswe.cli import main
 from jaxswe.config import config_from_dict
@@ -20,7 +21,6 @@ from jaxswe.errors import UserError
 from jaxswe.stages.evaluate import eval_weights
 from jaxswe.stages.stages import check_trained
 
-ROOT = Path(__file__).parent.parent
 TOY = str(ROOT / "configs" / "toy-rl.yaml")
 # one iteration of 2 x 2 two-turn episodes of a random policy: every reward -1, nothing to train on
 TINY = ("rl.iterations=1", "rl.problems_per_iteration=2", "rl.group_size=2", "rl.resample_to_fill=false",
@@ -163,7 +163,7 @@ def test_cancelled_episodes_close_their_sandboxes_at_once():
     """What Ctrl-C does to SWE episodes: cancelled while each runs a long command in its sandbox,
     every environment closes at once (the command killed, the sandbox directory gone), not once
     the commands end."""
-    from test_agent_swe_env import ScriptRouter
+    from agent_helpers import ScriptRouter
 
     from envs import load_tasks
     from jaxswe.agent.demos import command_reply

@@ -9,13 +9,13 @@ import math
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import TESTS
 from hf_helpers import VOCAB, all_vocab_batch, changed_fraction, reference_logprobs, write_bf16_checkpoint
 from rl_toy_helpers import toy_tokenizer
 
@@ -85,7 +85,7 @@ def test_bf16_checkpoint_trains_with_float32_masters_at_rft_lr(tmp_path):
 @pytest.fixture(scope="module")
 def collectives(tmp_path_factory):
     """{grad_reduce_dtype: {(collective, "dtype[shape]"): count}} of an 8-way FSDP bf16 step."""
-    script = Path(__file__).with_name("fsdp_collectives_child.py")
+    script = TESTS / "fsdp_collectives_child.py"
     done = subprocess.run(
         [sys.executable, str(script), str(tmp_path_factory.mktemp("hlo"))],
         capture_output=True,

@@ -2,20 +2,20 @@
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
+from helpers import DATA
 
 from envs import filter_tasks, grade, load_tasks, validate_task
 from envs.grading.grader import build_test_command, parse_report
 from jaxswe.cli import main
 
-DATA = Path(__file__).parent / "data" / "builtin_tasks"
+BUILTIN = DATA / "builtin_tasks"
 
 
 @pytest.fixture(scope="module")
 def tasks():
-    return {t.instance_id: t for t in load_tasks(DATA)}
+    return {t.instance_id: t for t in load_tasks(BUILTIN)}
 
 
 def _diff(path: str, old: str, new: str, *, new_file: bool = False) -> str:
@@ -140,7 +140,7 @@ def test_validate_and_filter(tasks):
 def test_flaky_task_is_reported(tmp_path):
     """A test that passes on odd runs only (a counter outside the sandbox) is flaky over 2 runs."""
     src = tmp_path / "flaky__count"
-    shutil.copytree(DATA / "calc__add", src)
+    shutil.copytree(BUILTIN / "calc__add", src)
     record = json.loads((src / "task.json").read_text())
     test = record["test_patch"].replace(
         "+def test_add():\n",
@@ -164,23 +164,23 @@ def _cli(argv: list[str]) -> int:
 
 
 def test_cli_validate_and_filter(tmp_path, capsys):
-    assert _cli(["tasks", "validate", str(DATA), "--workers", "2"]) == 0
+    assert _cli(["tasks", "validate", str(BUILTIN), "--workers", "2"]) == 0
     out, err = capsys.readouterr()
     lines = [json.loads(ln) for ln in out.splitlines()]  # JSON alone on stdout; progress and tally on stderr
     assert [(r["instance_id"], r["ok"]) for r in lines] == [("calc__add", True), ("words__snake", True)]
     assert "jaxswe tasks validate 2/2 tasks, valid 2" in err and "\r" not in err, err  # lines, not a bar
     assert "2 tasks: 2 valid, 0 invalid, 0 infrastructure failures" in err, err
     out = tmp_path / "kept.jsonl"
-    assert _cli(["tasks", "filter", str(DATA), "--out", str(out), "--no-tests", "--max-lines", "3"]) == 0
+    assert _cli(["tasks", "filter", str(BUILTIN), "--out", str(out), "--no-tests", "--max-lines", "3"]) == 0
     dropped = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert [d["instance_id"] for d in dropped] == ["words__snake"]
     assert [t.instance_id for t in load_tasks(out)] == ["calc__add"]
     (tmp_path / "bad.jsonl").write_text('{"instance_id": "x"}\n')
     assert _cli(["tasks", "validate", str(tmp_path / "bad.jsonl")]) == 2
     assert "record 0 (instance_id='x')" in capsys.readouterr().err
-    assert _cli(["tasks", "validate", str(DATA), "--backend", "vm"]) == 2
+    assert _cli(["tasks", "validate", str(BUILTIN), "--backend", "vm"]) == 2
     # a failing task makes the exit code non-zero
-    broken = load_tasks(DATA)[0].to_record() | {"patch": ""}
+    broken = load_tasks(BUILTIN)[0].to_record() | {"patch": ""}
     (tmp_path / "broken.jsonl").write_text(json.dumps(broken) + "\n")
     assert _cli(["tasks", "validate", str(tmp_path / "broken.jsonl")]) == 1
     out, err = capsys.readouterr()

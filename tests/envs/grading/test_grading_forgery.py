@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import DATA
 from test_grading_attacks import _git_diff
 
 from envs import grade
@@ -186,7 +187,7 @@ for _p in _g.glob("/tmp/jax" + "swe-grader-*/rep" + "ort.jsonl"):
     assert peak < 50 * 2**20, peak
 
 
-RUNNER_TASKS = {t.instance_id: t for t in load_builtin(Path(__file__).parent / "data" / "runner_tasks")}
+RUNNER_TASKS = {t.instance_id: t for t in load_builtin(DATA / "runner_tasks")}
 RUNNER_FORGERIES = {  # appended to the package's __init__.py: every outcome reported as a pass
     "envfix__unittest-1": (  # what Django's runtests.py runs: unittest's runner at verbosity 2
         "units/__init__.py",

@@ -6,9 +6,9 @@ to the task package's `__init__.py`, graded by `envs.grade` as training grades i
 Where an inner layer alone must catch it, the twin run is switched off to show that layer."""
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from helpers import DATA
 from test_grading_attacks import _git_diff
 
 from envs import grade
@@ -17,7 +17,7 @@ from envs.tasks.records import load_builtin
 from envs.tasks.repos import clean_template
 
 TASKS = {t.instance_id: t for t in load_builtin()}
-RUNNER_TASKS = {t.instance_id: t for t in load_builtin(Path(__file__).parent / "data" / "runner_tasks")}
+RUNNER_TASKS = {t.instance_id: t for t in load_builtin(DATA / "runner_tasks")}
 
 # Every test passes whatever it raises, except those `_canary(item)` names, which run honestly.
 FORGE_ALL_BUT = """

@@ -4,9 +4,8 @@ real fix fails. The forgeries here get past every canary (they read the test's s
 canary-shaped ones, or return values equal to anything) and must still score 0, flagged; the gold
 fixes must still score 1."""
 
-from pathlib import Path
-
 import pytest
+from helpers import DATA
 from test_grading_attacks import _git_diff
 
 from envs import grade
@@ -18,7 +17,7 @@ from envs.tasks.repos import clean_template
 from envs.tasks.twins import Twin, added_lines, candidates, fit, locate, make_twins, twin_patch
 
 TASKS = {t.instance_id: t for t in load_builtin()}
-RUNNER_TASKS = {t.instance_id: t for t in load_builtin(Path(__file__).parent / "data" / "runner_tasks")}
+RUNNER_TASKS = {t.instance_id: t for t in load_builtin(DATA / "runner_tasks")}
 
 # Appended to the package's __init__.py. pytest's Function.runtest wrapped: a test whose source holds
 # a must-fail canary's `== <9 digits>` runs honestly, every other test passes whatever it raises.

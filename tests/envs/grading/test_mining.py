@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPOS, ROOT
 from test_grading_twins import SPARES_CANARIES_UNITTEST
 
 from envs.grading.grader import grade
@@ -31,10 +32,7 @@ from envs.tasks.records import load_tasks
 from envs.tasks.repos import task_source
 from jaxswe.tokenizer import build_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-BUNDLE = (
-    Path(__file__).resolve().parents[2] / "shared" / "repos" / "toolz.bundle"
-)  # ../shared beside the checkout
+BUNDLE = REPOS / "toolz.bundle"
 FIX = "5a7e078"  # partition_all raises on a lying __len__ (toolz#603)
 
 
@@ -58,7 +56,7 @@ def test_mine_bounded_range_resumes_and_validates(toolz, tmp_path):
     cov = '{"test_cmd": "pytest -rA --cov"}'
     argv = [sys.executable, "-m", "jaxswe", "tasks", "mine", str(toolz), "--name", "pytoolz/toolz",
             "--runs", "1", "--limit", "4", "--out", str(out), "--install", cov]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0 and done.stderr.splitlines()[-4:] == [
         f"jaxswe: 4 commits: 0 valid tasks -> {out}; 4 dropped, by cause:",
         "     2  does not change both .py tests and .py source",
@@ -216,7 +214,7 @@ def test_statement_from_the_pull_request_and_environment_from_the_tasks_own_comm
 def test_mine_cli_bad_repo_is_one_line(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "jaxswe", "tasks", "mine", str(tmp_path / "nope")],
-        capture_output=True, text=True, cwd=Path(__file__).parents[1],
+        capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
 

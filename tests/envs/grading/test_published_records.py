@@ -17,9 +17,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import DATA
 
 from envs.errors import SandboxError
 from envs.grading.grader import grade
@@ -27,8 +27,8 @@ from envs.provision.venvs import find_python
 from envs.tasks.published import model_patch, official_outcomes, repos_from_bundles
 from envs.tasks.records import load_tasks
 
-DATA = Path(__file__).parent / "data" / "published"
-RUN = DATA / "swe_bench_eval" / "deepseek_lite_dev"
+PUBLISHED = DATA / "published"
+RUN = PUBLISHED / "swe_bench_eval" / "deepseek_lite_dev"
 MODEL_RUN = "pylint-dev__astroid-1268"  # its official run is stored
 SYMPY = "sympy__sympy-13031"
 CASES = {MODEL_RUN: "swe_bench_dev_real.json", SYMPY: "swe_bench_lite_real.json"}
@@ -38,12 +38,12 @@ CASES = {MODEL_RUN: "swe_bench_dev_real.json", SYMPY: "swe_bench_lite_real.json"
 def published(request, tmp_path_factory):
     """The record, its repository from its bundle in $JAXSWE_REPOS_DIR."""
     records = CASES[request.param]
-    (task,) = [t for t in load_tasks(DATA / records) if t.instance_id == request.param]
+    (task,) = [t for t in load_tasks(PUBLISHED / records) if t.instance_id == request.param]
     try:
         find_python(task.install["python"])
     except SandboxError as err:  # CI has pyenv builds of 3.6-3.13: there a missing one fails
         (pytest.fail if os.environ.get("CI") else pytest.skip)(str(err))
-    bundle = DATA / "repos" / f"{task.repo.replace('/', '__')}-{task.base_commit[:7]}.bundle"
+    bundle = PUBLISHED / "repos" / f"{task.repo.replace('/', '__')}-{task.base_commit[:7]}.bundle"
     repos = repos_from_bundles([bundle], tmp_path_factory.mktemp("repos"))
     mp = pytest.MonkeyPatch()
     mp.setenv("JAXSWE_REPOS_DIR", str(repos))
@@ -83,7 +83,7 @@ def test_jaxswe_tasks_validate_takes_published_records_as_a_user_brings_them(pub
     """The CLI on two records as published: sympy's (spec Python 3.9, `bin/test`) is valid; a
     django record, whose repository is not here, is an infrastructure failure naming the missing
     clone, never an invalid task."""
-    records = [r for r in json.loads((DATA / CASES[SYMPY]).read_text())
+    records = [r for r in json.loads((PUBLISHED / CASES[SYMPY]).read_text())
                if r["instance_id"] in (SYMPY, "django__django-15781")]  # fmt: skip
     (tmp_path / "tasks.json").write_text(json.dumps(records))
     done = subprocess.run([sys.executable, "-m", "jaxswe", "tasks", "validate", str(tmp_path / "tasks.json")],

@@ -2,9 +2,9 @@
 (its tests check only the type of the result) against a strong built-in one; the CLI; RL's filter."""
 
 import json
-from pathlib import Path
 
 import pytest
+from helpers import DATA
 
 from envs import TaskError, load_tasks
 from envs.grading.strength import (
@@ -23,9 +23,8 @@ from jaxswe.rl.loop import drop_weak_tasks
 from jaxswe.rl.strength import strength_summary
 from jaxswe.stages.evaluate import task_strength
 
-WEAK = Path(__file__).parent / "data" / "strength_tasks"
+WEAK = DATA / "strength_tasks"
 STRONG = "builtin__pagination-1"
-ROOT = Path(__file__).parents[1]
 
 
 def _cli(args: list[str]) -> int:

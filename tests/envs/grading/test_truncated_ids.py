@@ -8,17 +8,15 @@ boltons 289edfc changes funcutils.py and tests/test_funcutils_fb*.py, whose para
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
+from helpers import REPOS
 
 from envs.grading.grader import grade
 from envs.grading.mining import mine_commit
 from envs.tasks.records import task_from_record
 
-BUNDLE = (
-    Path(__file__).resolve().parents[2] / "shared" / "repos" / "boltons.bundle"
-)  # ../shared beside the checkout
+BUNDLE = REPOS / "boltons.bundle"
 FIX = "289edfc"
 RECIPE = {"test_cmd": "pytest -rA", "pip_packages": ["pytest~=7.4"]}  # boltons' conftest predates pytest 9
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from helpers import DATA, free_port
 from second_engine import docker_sh, second_engine
 
 from envs import load_tasks, open_sandbox
@@ -20,8 +20,7 @@ from envs.errors import EngineError, SandboxError
 from envs.provision import engines as engines_module
 from envs.provision.engines import Engine, EnginePool, EngineSpec, parse_specs
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(__file__).parent / "data" / "builtin_tasks"
+BUILTIN = DATA / "builtin_tasks"
 
 
 # -- placement, no engine needed ---------------------------------------------------------------
@@ -122,7 +121,7 @@ def test_grading_on_a_dead_pool_is_an_infrastructure_failure():
         def open(self, task, **limits):
             raise EngineError("no Docker engine answers")
 
-    task = load_tasks(DATA)[0]
+    task = load_tasks(BUILTIN)[0]
     result = grade(task, task.patch, "docker", pool=DeadPool())
     assert result.error and not result.resolved and "no Docker engine answers" in result.reason
 
@@ -192,7 +191,7 @@ def test_two_engines_spread_failover_and_rejoin(engines, monkeypatch):
     from jaxswe.tokenizer import build_tokenizer
 
     first, second, directory = engines
-    task = load_tasks(DATA)[0]
+    task = load_tasks(BUILTIN)[0]
     pool = EnginePool(
         [EngineSpec(first, capacity=2, name="ci"), EngineSpec(second, capacity=1, name="second")],
         health_interval_s=0.5, dead_timeout_s=5,
@@ -309,7 +308,7 @@ def test_an_ssh_engine_holds_sandboxes_and_persistent_shells(ssh_engine):
     """`env.docker_hosts` with an ssh:// URL: the pool pings the engine through ssh, places a
     sandbox there, runs commands in its persistent shell (a long-lived exec over the ssh pipe) and
     removes it."""
-    task = load_tasks(DATA)[0]
+    task = load_tasks(BUILTIN)[0]
     pool = EnginePool(
         [EngineSpec(ssh_engine, capacity=2, name="over-ssh")], health_interval_s=60, dead_timeout_s=2
     )

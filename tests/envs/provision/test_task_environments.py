@@ -5,15 +5,15 @@ and no tamper flag (tests/data/env_tasks; the grader once replaced PYTHONPATH an
 off, so both gold patches scored 0)."""
 
 import os
-from pathlib import Path
 
 import pytest
+from helpers import DATA
 
 from envs import grade
 from envs.sandbox.docker_sandbox import engine_available
 from envs.tasks.records import load_builtin
 
-TASKS = load_builtin(Path(__file__).parent / "data" / "env_tasks")
+TASKS = load_builtin(DATA / "env_tasks")
 
 
 def _check(backend: str) -> None:

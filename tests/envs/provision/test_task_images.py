@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
+from helpers import REPOS
 
 from envs.provision.backends import open_sandbox
 from envs.provision.images import BASE_IMAGE, build_task_image, clean_image_name, env_image
 from envs.tasks.records import task_from_record
 
 pytestmark = pytest.mark.docker
-BUNDLE = (
-    Path(__file__).resolve().parents[2] / "shared" / "repos" / "cachetools.bundle"
-)  # ../shared beside the checkout
+BUNDLE = REPOS / "cachetools.bundle"
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ would pass; graded against the repository's code (the task venv), gold resolves 
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
+from helpers import REPOS
 
 from envs.errors import SandboxError
 from envs.grading.grader import grade
@@ -19,7 +19,6 @@ from envs.provision.backends import open_sandbox
 from envs.provision.venvs import task_venv, venv_key
 from envs.tasks.records import task_from_record
 
-REPOS = Path(__file__).resolve().parents[2] / "shared" / "repos"  # ../shared beside the checkout (CI too)
 FIX = "5a7e078"
 
 

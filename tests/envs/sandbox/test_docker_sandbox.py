@@ -8,9 +8,9 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from helpers import DATA
 from test_sandbox_local import assert_clean_history, future_history_task
 
 from envs import BASE_IMAGE, DockerSandbox, grade, load_tasks, open_sandbox, reap_containers
@@ -18,7 +18,7 @@ from envs.errors import SandboxError
 from envs.sandbox.docker_sandbox import LABEL, engine_available
 
 pytestmark = pytest.mark.docker
-DATA = Path(__file__).parent / "data" / "builtin_tasks"
+BUILTIN = DATA / "builtin_tasks"
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def client():
 
 @pytest.fixture(scope="module")
 def task(client):
-    return load_tasks(DATA)[0]
+    return load_tasks(BUILTIN)[0]
 
 
 def _sandbox_containers(client, sandbox_id=None):

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 import envs.sandbox.local
 from envs.sandbox.docker_sandbox import LABEL, engine_available
@@ -26,7 +27,6 @@ from jaxswe.config import RunConfig
 from jaxswe.errors import UserError
 from jaxswe.stages.context import start_sandboxes
 
-ROOT = Path(__file__).parents[1]
 LIFETIME_S = 20
 
 HOLDER = """

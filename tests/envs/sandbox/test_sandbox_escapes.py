@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import ROOT, TESTS
 
 from envs import open_sandbox
 from envs.sandbox.local import bwrap_available
@@ -26,7 +27,7 @@ from jaxswe.agent.scaffold import Scaffold
 
 pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap not installed")
 TASK = next(t for t in load_builtin() if t.instance_id == "builtin__billsplit-1")
-TASK_DIR = Path(__file__).parents[1] / "envs" / "tasks" / "builtin" / TASK.instance_id
+TASK_DIR = ROOT / "envs" / "tasks" / "builtin" / TASK.instance_id
 
 
 def test_nothing_outside_the_checkout_is_visible():
@@ -123,10 +124,9 @@ def test_sparse_file_and_fifo_report_stay_small_and_fast(backend):
 
         if not engine_available():
             pytest.skip("no Docker engine reachable")
-    root = Path(__file__).parents[1]
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(CHILD), backend], capture_output=True, text=True, timeout=120,
-        cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)},
+        cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     out = dict(
@@ -259,9 +259,9 @@ secret_carries()
 def test_nothing_carries_to_the_next_sandbox():
     """Run from a process with a session keyring of its own (as a login shell's trainer has: the
     sandboxes inherit it), a secret one sandbox leaves anywhere is nowhere in the next."""
-    root = Path(__file__).parents[1]
+    path = f"{ROOT}:{TESTS}:{Path(__file__).parent}"  # jaxswe, helpers, this module
     done = subprocess.run(
-        [sys.executable, "-c", CARRY_CHILD], capture_output=True, text=True, timeout=120, cwd=root,
-        env={**__import__("os").environ, "PYTHONPATH": f"{root}:{root / 'tests'}"},
+        [sys.executable, "-c", CARRY_CHILD], capture_output=True, text=True, timeout=120, cwd=ROOT,
+        env={**__import__("os").environ, "PYTHONPATH": path},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]

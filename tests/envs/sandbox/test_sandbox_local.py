@@ -8,14 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import git
+from helpers import DATA, ROOT, git
 
 from envs import ExecResult, LocalSandbox, SandboxError, load_tasks, open_sandbox
 from envs.sandbox.local import bwrap_available, marked_pids, sandboxes_dir
 from envs.tasks.records import task_from_record
 
-ROOT = Path(__file__).parents[1]
-DATA = Path(__file__).parent / "data" / "builtin_tasks"
+BUILTIN = DATA / "builtin_tasks"
 SECRET = "FUTURE-SECRET-9d2c1b"
 ISOLATIONS = [
     "none",
@@ -61,7 +60,7 @@ def assert_clean_history(sandbox, base):
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_exec_basics(isolation):
-    task = load_tasks(DATA)[0]
+    task = load_tasks(BUILTIN)[0]
     with open_sandbox(task, "local", isolation=isolation) as sb:
         assert sb.isolation == isolation
         assert sb.exec("pwd").output.strip() == sb.workdir
@@ -90,7 +89,7 @@ def test_exec_basics(isolation):
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_timeout_kills_everything_it_started(isolation):
-    task = load_tasks(DATA)[0]
+    task = load_tasks(BUILTIN)[0]
     with open_sandbox(task, "local", isolation=isolation) as sb:
         start = time.monotonic()
         r = sb.exec(
@@ -125,7 +124,7 @@ def test_no_command_starts_once_close_began(isolation, monkeypatch):
     thread holding up the run's end until it times out)."""
     import envs.sandbox.local as local
 
-    task = load_tasks(DATA)[0]
+    task = load_tasks(BUILTIN)[0]
     sb = open_sandbox(task, "local", isolation=isolation)
     real = local.resolve_timeout
 
@@ -143,7 +142,7 @@ def test_no_command_starts_once_close_began(isolation, monkeypatch):
 
 @pytest.mark.skipif(not bwrap_available(), reason="bubblewrap not installed")
 def test_bwrap_isolation():
-    task = load_tasks(DATA)[0]
+    task = load_tasks(BUILTIN)[0]
     with open_sandbox(task, "local") as sb:
         assert sb.isolation == "bwrap"
         net = sb.exec("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=3)\"")
@@ -188,7 +187,7 @@ def test_missing_repo_and_commit(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_32_parallel_sandboxes_leave_nothing():
-    task = load_tasks(DATA)[0]
+    task = load_tasks(BUILTIN)[0]
     ids, roots, errors = [], [], []
 
     def episode(i: int) -> None:
@@ -215,7 +214,7 @@ def test_32_parallel_sandboxes_leave_nothing():
 
 
 def test_bad_arguments():
-    task = load_tasks(DATA)[0]
+    task = load_tasks(BUILTIN)[0]
     with pytest.raises(SandboxError, match="isolation"):
         open_sandbox(task, "local", isolation="vm")
     with LocalSandbox(task.source_dir) as sb, pytest.raises(ValueError, match="timeout"):

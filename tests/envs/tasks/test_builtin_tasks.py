@@ -20,8 +20,9 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-BUILTIN_DIR = Path(__file__).resolve().parents[1] / "envs" / "tasks" / "builtin"
+BUILTIN_DIR = ROOT / "envs" / "tasks" / "builtin"
 TASK_DIRS = sorted(path for path in BUILTIN_DIR.iterdir() if path.is_dir())
 TASK_IDS = [path.name for path in TASK_DIRS]
 FIELDS = {

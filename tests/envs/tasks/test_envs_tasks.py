@@ -2,9 +2,9 @@
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
+from helpers import DATA
 
 from envs import Task, TaskError, load_tasks
 from envs.sandbox.protocol import OutputBuffer
@@ -19,7 +19,7 @@ from envs.tasks.patches import (
     patch_files,
 )
 
-DATA = Path(__file__).parent / "data" / "builtin_tasks"
+BUILTIN = DATA / "builtin_tasks"
 
 
 def _record(**over):
@@ -98,12 +98,12 @@ def test_missing_field_duplicate_id_and_missing_file(tmp_path):
 
 
 def test_builtin_loader_deterministic_commit(tmp_path, monkeypatch):
-    tasks = load_tasks(DATA)
+    tasks = load_tasks(BUILTIN)
     assert [t.instance_id for t in tasks] == ["calc__add", "words__snake"]
     first = tasks[0].base_commit
     # a different cache directory re-materializes the repository: same hash (fixed author/dates/config)
     monkeypatch.setenv("JAXSWE_CACHE_DIR", str(tmp_path / "cache"))
-    repo, commit = materialize(DATA / "calc__add")
+    repo, commit = materialize(BUILTIN / "calc__add")
     assert commit == first and len(commit) == 40
     log = subprocess.run(
         ["git", "-C", str(repo), "log", "--format=%an %ae %ad"], capture_output=True, text=True
@@ -116,14 +116,14 @@ def test_builtin_loader_deterministic_commit(tmp_path, monkeypatch):
 
 
 def test_builtin_record_with_wrong_commit(tmp_path):
-    rec = load_tasks(DATA)[0].to_record() | {"base_commit": "b" * 40}
+    rec = load_tasks(BUILTIN)[0].to_record() | {"base_commit": "b" * 40}
     (tmp_path / "x.json").write_text(json.dumps(rec))
     with pytest.raises(TaskError, match="base_commit"):
         load_tasks(tmp_path / "x.json")
 
 
 def test_frozen_task():
-    t = load_tasks(DATA)[0]
+    t = load_tasks(BUILTIN)[0]
     assert isinstance(t, Task)
     with pytest.raises(AttributeError):
         t.patch = ""  # type: ignore[misc]

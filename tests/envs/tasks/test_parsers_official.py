@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import REPOS
 
 from envs.tasks import official
 from envs.tasks.parsers import (
@@ -34,7 +35,6 @@ from envs.tasks.parsers import (
     status_of,
 )
 
-REPOS = Path(__file__).resolve().parents[2] / "shared" / "repos"
 if not REPOS.is_dir():
     REPOS = Path("/work/shared/repos")
 needs_swebench = pytest.mark.skipif(not official.available(), reason="the swebench extra is not installed")

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
+from helpers import DATA
 
 from envs import TaskError, load_tasks
 from envs.tasks import official
 from envs.tasks.records import reverse_patch
 
-DATA = Path(__file__).parent / "data" / "published"
+PUBLISHED = DATA / "published"
 needs_swebench = pytest.mark.skipif(not official.available(), reason="the swebench extra is not installed")
 
 
@@ -22,7 +22,7 @@ REAL_SWE_BENCH = ("swe_bench_verified_real.jsonl", "swe_bench_lite_real.json", "
 def _real_swe_bench_records():
     out = []
     for name in REAL_SWE_BENCH:
-        text = (DATA / name).read_text()
+        text = (PUBLISHED / name).read_text()
         rows = (
             [json.loads(x) for x in text.splitlines() if x.strip()]
             if name.endswith(".jsonl")
@@ -34,7 +34,7 @@ def _real_swe_bench_records():
 
 @needs_swebench
 def test_verified_records_get_official_spec_image_and_parser():
-    tasks = {t.instance_id: t for name in REAL_SWE_BENCH for t in load_tasks(DATA / name)}
+    tasks = {t.instance_id: t for name in REAL_SWE_BENCH for t in load_tasks(PUBLISHED / name)}
     django, sympy, astropy = (
         tasks[i] for i in ("django__django-11099", "sympy__sympy-13031", "astropy__astropy-12907")
     )
@@ -57,7 +57,7 @@ def test_verified_records_get_official_spec_image_and_parser():
     assert astropy.log_parser == "parse_log_pytest_v2"
     # round trip: what a task writes reads back into the same task
     again = [json.loads(json.dumps(t.to_record())) for t in (django, sympy, astropy)]
-    path = DATA.parent / "_roundtrip.tmp.json"
+    path = PUBLISHED.parent / "_roundtrip.tmp.json"
     try:
         path.write_text(json.dumps(again))
         assert load_tasks(path) == [django, sympy, astropy]
@@ -76,7 +76,7 @@ def test_real_swe_bench_records_run_what_swebench_derives(name, record):
     from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
     from swebench.harness.test_spec.python import make_eval_script_list_py
 
-    (task,) = [t for t in load_tasks(DATA / name) if t.instance_id == record["instance_id"]]
+    (task,) = [t for t in load_tasks(PUBLISHED / name) if t.instance_id == record["instance_id"]]
     spec = MAP_REPO_VERSION_TO_SPECS[record["repo"]][record["version"]]
     script = make_eval_script_list_py(
         record, spec, "testbed", "/testbed", record["base_commit"], record["test_patch"]
@@ -103,7 +103,7 @@ def test_the_real_rebench_v2_record_loads_as_its_eval_script_runs_it():
     in `/<repo name>` of `image_name` and parses with `parse_log_jq` (the same code as swebench's)."""
     if not official.available():
         pytest.skip("parse_log_jq comes from the swebench extra")
-    (task,) = load_tasks(DATA / "swe_rebench_v2_real.json")
+    (task,) = load_tasks(PUBLISHED / "swe_rebench_v2_real.json")
     assert task.format == "swe-rebench-v2" and task.rules == "rebench-v2"
     assert task.test_command == "make check" and task.workdir == "/netcdf-c" and task.shell_init == ""
     assert task.image == "docker.io/swerebenchv2/unidata-netcdf-c:1925-ad6bff3"
@@ -117,27 +117,27 @@ def test_the_real_rebench_v2_record_loads_as_its_eval_script_runs_it():
 
 def test_swe_gym_rebench_v1_v2_smith_standins_load_as_published():
     """Hand-made stand-ins (tests/data/published/SOURCES.md): no real record of these was reachable."""
-    (gym,) = load_tasks(DATA / "swe_gym_standin.jsonl")
+    (gym,) = load_tasks(PUBLISHED / "swe_gym_standin.jsonl")
     assert gym.format == "swe-gym" and gym.test_command == "pytest -n0 -rA tests/test_ssm/test_ssm_boto3.py"
     assert gym.remote_image == "docker.io/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752"
     assert "conda activate testbed" in gym.shell_init
-    (v1,) = load_tasks(DATA / "swe_rebench_v1_standin.json")
+    (v1,) = load_tasks(PUBLISHED / "swe_rebench_v1_standin.json")
     assert v1.format == "swe-rebench"
     assert (
         v1.test_command == "pytest --no-header -rA --tb=no -p no:cacheprovider toolz/tests/test_itertoolz.py"
     )
     assert v1.install["pip_packages"] == ["pytest==8.3.5"] and v1.install["python"] == "3.11"
     assert v1.image == "swerebench/sweb.eval.x86_64.pytoolz_1776_toolz-603"
-    (v2,) = load_tasks(DATA / "swe_rebench_v2_standin.jsonl")
+    (v2,) = load_tasks(PUBLISHED / "swe_rebench_v2_standin.jsonl")
     assert v2.format == "swe-rebench-v2" and v2.workdir == "/cachetools" and v2.shell_init == ""
     assert (
         v2.test_command == "pytest -rA --tb=no -p no:cacheprovider tests/test_cache.py"
     )  # no directives added
     assert v2.install["install"] == ["pip install -e ."]
-    (smith,) = load_tasks(DATA / "swe_smith_standin.json")
+    (smith,) = load_tasks(PUBLISHED / "swe_smith_standin.json")
     assert smith.format == "swe-smith" and smith.test_patch == "" and smith.test_directives == ()
     assert [t.rules for t in (gym, v1, v2, smith)] == ["swebench-4", "swebench-4", "rebench-v2", "swebench-4"]
-    raw = json.loads((DATA / "swe_smith_standin.json").read_text())[0]
+    raw = json.loads((PUBLISHED / "swe_smith_standin.json").read_text())[0]
     assert smith.patch == reverse_patch(raw["patch"]) and "+    return a + b" in smith.patch
 
 
@@ -182,7 +182,7 @@ def test_reverse_patch_is_what_git_apply_reverses(tmp_path):
 )
 @needs_swebench
 def test_bad_published_record_names_the_field(tmp_path, over, field):
-    record = json.loads((DATA / "swe_bench_verified_real.jsonl").read_text().splitlines()[5])
+    record = json.loads((PUBLISHED / "swe_bench_verified_real.jsonl").read_text().splitlines()[5])
     record.update(over)
     (tmp_path / "t.jsonl").write_text(json.dumps(record) + "\n")
     with pytest.raises(
@@ -195,7 +195,7 @@ def test_bad_published_record_names_the_field(tmp_path, over, field):
 def test_rebench_v2_parsers_that_differ_from_swebench_ones_are_refused(tmp_path, parser):
     """SWE-rebench V2's phpunit and react_pdf parsers strip durations from names, swebench's of the
     same name do not; julia is V2's own. Such a record is refused, not graded by other code."""
-    (record,) = json.loads((DATA / "swe_rebench_v2_real.json").read_text())
+    (record,) = json.loads((PUBLISHED / "swe_rebench_v2_real.json").read_text())
     record["install_config"]["log_parser"] = parser
     (tmp_path / "t.json").write_text(json.dumps(record))
     with pytest.raises(TaskError, match=f"field 'log_parser' names '{parser}', a SWE-rebench V2 parser"):

@@ -25,13 +25,14 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import DATA
 
 from envs import load_tasks
 from envs.tasks import official
 from envs.tasks.parsers import PARSERS, graded_failures, parser_name_for_repo, status_of
 
-DATA = Path(__file__).parent / "data" / "published"
-LOGS = sorted((DATA / "swe_smith_eval").iterdir())
+PUBLISHED = DATA / "published"
+LOGS = sorted((PUBLISHED / "swe_smith_eval").iterdir())
 needs_swebench = pytest.mark.skipif(not official.available(), reason="the swebench extra is not installed")
 
 CASES = [  # (FAIL_TO_PASS, PASS_TO_PASS, statuses, resolved under swebench-5, under rebench-v2)
@@ -77,11 +78,11 @@ def test_swe_smith_recorded_logs_get_the_official_verdict(run):
 
 
 def test_the_real_swe_smith_record_loads_with_its_harness_settings():
-    (task,) = load_tasks(DATA / "swe_smith_real.json")
+    (task,) = load_tasks(PUBLISHED / "swe_smith_real.json")
     assert task.format == "swe-smith" and task.rules == "swebench-4" and task.log_parser == "pytest_verbose"
     assert task.test_command == "pytest --disable-warnings --color=no --tb=no --verbose"  # the whole suite
     assert task.patch.startswith("diff --git") and task.test_patch == ""
-    log, _, f2p, _ = _recorded(DATA / "swe_smith_eval" / task.instance_id)
+    log, _, f2p, _ = _recorded(PUBLISHED / "swe_smith_eval" / task.instance_id)
     tests, _ = PARSERS[task.log_parser](_between_markers(log))
     assert set(task.fail_to_pass) == set(f2p) and all(tests[t] == "PASSED" for t in task.fail_to_pass)
 
@@ -106,7 +107,7 @@ def test_each_format_is_graded_by_its_own_harness_rules():
 
 
 # -- SWE-bench runs recorded by its harness (tests/data/published/SOURCES.md) ----------------------
-RUNS = sorted((DATA / "swe_bench_eval").glob("*/*"))
+RUNS = sorted((PUBLISHED / "swe_bench_eval").glob("*/*"))
 RECORDS = ("swe_bench_verified_real.jsonl", "swe_bench_lite_real.json", "swe_bench_dev_real.json")
 
 
@@ -124,7 +125,7 @@ def _swe_bench_run(run: Path) -> tuple[dict, str, list[str], list[str]]:
 
 @functools.cache
 def _real_tasks() -> dict:
-    return {t.instance_id: t for name in RECORDS for t in load_tasks(DATA / name)}
+    return {t.instance_id: t for name in RECORDS for t in load_tasks(PUBLISHED / name)}
 
 
 def _sorted_lists(status: dict) -> dict:

@@ -51,7 +51,7 @@ def shared_dir(tmp_path_factory, worker_id):
 def toy_rl_run(shared_dir):
     """(RUN_DIR, MLflow URI) of one `jaxswe rl` on the toy game, 2 iterations, logging to
     TensorBoard, W&B (offline) and MLflow (a file store): run once per session, shared by its xdist
-    workers (tests/test_metrics.py reads its trackers, tests/test_inspect.py reports on a copy)."""
+    workers (tests/cli/test_metrics.py reads its trackers, tests/cli/test_inspect.py reports on a copy)."""
     from filelock import FileLock
 
     run_dir, uri = shared_dir / "toy_rl_run", f"file://{shared_dir / 'toy_rl_mlruns'}"

@@ -1,4 +1,4 @@
-"""One process of tests/test_multiprocess.py's spread test: two iterations' `RolloutPump.take` at
+"""One process of tests/system/test_multiprocess.py's spread test: two iterations' `RolloutPump.take` at
 k = 0 over an engine every process reaches (`Backend.spread`), on the toy game, with a stand-in
 engine whose replies follow each request's sampling seed alone (as a seeded server's do).
 

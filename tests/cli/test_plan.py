@@ -1,5 +1,5 @@
 """Memory planner and `jaxswe plan`: exact param bytes, real-scale configs, the CLI. The planner
-against the compiled real step: tests/test_planner_compiler.py."""
+against the compiled real step: tests/cli/test_planner_compiler.py."""
 
 import json
 from pathlib import Path

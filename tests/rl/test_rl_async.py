@@ -342,7 +342,7 @@ def test_sampling_check_reports_nothing_when_every_token_is_stale():
 
 def _k1_run(run_dir: Path, *sets: str) -> tuple[list[dict], dict[int, dict], object]:
     """configs/toy-rl.yaml at rl.max_staleness=1 through the CLI's code path (open_stage, run_rl) on
-    one device (tests/test_stages_handoff.py says why): its rows, every synced version's weights
+    one device (tests/stages/test_stages_handoff.py says why): its rows, every synced version's weights
     and the model config."""
     from jaxswe.config import load_config
     from jaxswe.stages.context import open_stage

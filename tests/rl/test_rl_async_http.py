@@ -1,7 +1,7 @@
 """Async RL (rl.max_staleness = 1) over the HTTP backend: the handover's ordering over several
 workers (all paused before any loads, all continued after all loaded, or after a failure). The run
 itself, `jaxswe rl` on 2 processes against `jaxswe serve` workers behind a router, is
-tests/test_cluster.py."""
+tests/system/test_cluster.py."""
 
 import asyncio
 import time

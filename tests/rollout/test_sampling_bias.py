@@ -130,7 +130,7 @@ def _peaked_policy(tmp_path):
 def _rl(tmp_path, name, policy, tok, server, iterations):
     cfg = toy_config(
         optimizer={"lr": 1e-6},
-        mesh={"devices": 1},  # the RL loop, not sharding (tests/test_stages_handoff.py)
+        mesh={"devices": 1},  # the RL loop, not sharding (tests/stages/test_stages_handoff.py)
         # float32 weight syncs: the unbiased run also checks the rollout-trainer gap (< 1e-4)
         rollout={"engine": "http", "urls": [server.url], "max_new_tokens": 2, "export_dtype": "float32"},
         rl={"iterations": iterations, "problems_per_iteration": 4, "group_size": 4, "rows_per_step": 8},

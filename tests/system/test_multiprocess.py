@@ -2,7 +2,7 @@
 8 devices: a kill -9 of one process mid-iteration, survived by a restart of both with --resume,
 ends with the same rows and params as the uninterrupted single process; per-process save_hf
 shards. Async RL over HTTP on 2 processes, behind a router, with a worker and an engine killed:
-tests/test_cluster.py."""
+tests/system/test_cluster.py."""
 
 import json
 import os
@@ -119,7 +119,7 @@ def test_two_processes_killed_and_resumed_train_like_one_uninterrupted(tmp_path)
     and checkpoint exactly once; process 1 writes nothing but its checkpoint shards (Python's
     writes; which process writes which weight file:
     test_save_hf_from_two_processes_loads_in_transformers). No RFT stage: its SFT step is the
-    DAPO step's code with another loss (the 8-device equalities are tests/test_train_step.py's),
+    DAPO step's code with another loss (the 8-device equalities are tests/train/test_train_step.py's),
     and each stage costs every process a cold compile (no cache with several CPU processes)."""
     one, two, cache = tmp_path / "one" / "run", tmp_path / "two" / "run", tmp_path / "xla"
     whole = _toy_pipeline(one, 1, cache)

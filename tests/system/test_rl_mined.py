@@ -106,7 +106,7 @@ def test_short_rl_run_over_http_trains_on_mined_tasks(tmp_path):
             "rollout": {"engine": "http", "urls": [url], "max_new_tokens": 256, "export_dtype": "float32"},
             "agent": AGENT,
             "env": {k: v for k, v in env.items() if k != "tasks"},  # the task file comes with --tasks
-            "mesh": {"devices": 1},  # the RL loop, not sharding (tests/test_stages_handoff.py)
+            "mesh": {"devices": 1},  # the RL loop, not sharding (tests/stages/test_stages_handoff.py)
             "rl": {"iterations": 1, "problems_per_iteration": 2, "group_size": GROUP, "seq_len": 640,
                    "turn_penalty_threshold": 3},
         }))  # fmt: skip

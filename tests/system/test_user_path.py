@@ -1,7 +1,7 @@
 """The path a user takes through the `jaxswe` CLI, where a slip used to give a silently wrong
 answer: a mistyped --resume, which weights `jaxswe eval` evaluates, a stage that trained nothing, a
 finished stage resumed; and what JAX's fork warning prints (what Ctrl-C prints:
-tests/test_rl_async.py). Each a real `jaxswe` subprocess on a tiny toy RL stage where one can show it."""
+tests/rl/test_rl_async.py). Each a real `jaxswe` subprocess on a tiny toy RL stage where one can show it."""
 
 import asyncio
 import contextlib

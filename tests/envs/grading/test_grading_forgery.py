@@ -130,7 +130,7 @@ def test_forgeries_docker(task, tmp_path):
 def test_a_root_pdb_py_alone_resolves_nothing(tmp_path):
     """A root pdb.py that prints PASSED and exits 0 (pytest's debugging plugin imports pdb) is reset:
     alone it resolves nothing (with each gold fix it is reset and the fix resolves:
-    tests/test_agent_swe_env.py)."""
+    tests/agent/test_agent_swe_env.py)."""
     shadow = "import sys\nprint('PASSED everything')\nsys.exit(0)\n"
     for t in load_builtin()[:4]:
         result = grade(t, _git_diff(t, {"pdb.py": shadow}, tmp_path / t.instance_id))

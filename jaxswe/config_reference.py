@@ -3,7 +3,7 @@
 The meaning of a key is the comment written with its field in jaxswe/config.py: the comment lines
 right above it and the comment at the end of its line; a key with neither takes the nearest
 comment block above it in its section that names it. `python -m jaxswe.config_reference` rewrites
-docs/config.md; tests/test_config_reference.py fails when the file is out of date.
+docs/config.md; tests/cli/test_config_reference.py fails when the file is out of date.
 """
 
 from __future__ import annotations

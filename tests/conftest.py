@@ -4,13 +4,13 @@ import os
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from helpers import ROOT  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -51,7 +51,7 @@ def shared_dir(tmp_path_factory, worker_id):
 def toy_rl_run(shared_dir):
     """(RUN_DIR, MLflow URI) of one `jaxswe rl` on the toy game, 2 iterations, logging to
     TensorBoard, W&B (offline) and MLflow (a file store): run once per session, shared by its xdist
-    workers (tests/test_metrics.py reads its trackers, tests/test_inspect.py reports on a copy)."""
+    workers (tests/cli/test_metrics.py reads its trackers, tests/cli/test_inspect.py reports on a copy)."""
     from filelock import FileLock
 
     run_dir, uri = shared_dir / "toy_rl_run", f"file://{shared_dir / 'toy_rl_mlruns'}"
@@ -63,8 +63,6 @@ def toy_rl_run(shared_dir):
             "MLFLOW_TRACKING_URI": uri}  # fmt: skip
     with FileLock(shared_dir / "toy_rl_run.lock"):
         if not (run_dir / "rl" / "summary.json").is_file():
-            done = subprocess.run(
-                argv, env=env, capture_output=True, text=True, cwd=Path(__file__).parents[1]
-            )
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT)
             assert done.returncode == 0, done.stderr[-3000:]
     return run_dir, uri

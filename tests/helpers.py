@@ -1,10 +1,15 @@
-"""Small helpers the tests share: a free local port and git in a repository."""
+"""Small helpers the tests share: the suite's locations, a free local port and git in a repository."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
 from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent  # tests/: these helpers, conftest.py and the child scripts
+ROOT = TESTS.parent  # the checkout
+DATA = TESTS / "data"
+REPOS = ROOT.parent / "shared" / "repos"  # ../shared beside the checkout (CI too)
 
 
 def free_port() -> int:

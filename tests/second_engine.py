@@ -7,13 +7,11 @@ import os
 import shutil
 import subprocess
 import tempfile
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from envs import BASE_IMAGE
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def docker_sh(action: str, directory: str) -> subprocess.CompletedProcess:

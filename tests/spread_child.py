@@ -1,4 +1,4 @@
-"""One process of tests/test_multiprocess.py's spread test: two iterations' `RolloutPump.take` at
+"""One process of tests/system/test_multiprocess.py's spread test: two iterations' `RolloutPump.take` at
 k = 0 over an engine every process reaches (`Backend.spread`), on the toy game, with a stand-in
 engine whose replies follow each request's sampling seed alone (as a seeded server's do).
 
@@ -21,13 +21,13 @@ from jaxswe.distributed import initialize
 if len(sys.argv) == 5:
     initialize(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
 
+from helpers import ROOT  # noqa: E402
+
 from jaxswe.config import load_config  # noqa: E402
 from jaxswe.rl.problems import DataOrder  # noqa: E402
 from jaxswe.rl.pump import RolloutPump  # noqa: E402
 from jaxswe.rollout.types import Generation, SamplingParams  # noqa: E402
 from jaxswe.stages.toy import toy_env_factory, toy_tasks, toy_tokenizer  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 class SeededEngine:

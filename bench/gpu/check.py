@@ -64,7 +64,7 @@ RL_7B_LAYERS = 8  # the planner's step total at 32K: about 64 GB of an H200's 14
 RL_7B_TOKENS = 32768
 RL_72B_TOKENS = 16384
 # The shipped RL configs' settings, written out (jaxswe.config needs pydantic, which the GPU image
-# lacks); tests/test_gpu_check.py holds them equal to configs/qwen2.5-{7b,72b}/rl-stage1.yaml.
+# lacks); tests/system/test_gpu_check.py holds them equal to configs/qwen2.5-{7b,72b}/rl-stage1.yaml.
 RL_SETTINGS = {
     "model": {  # jaxswe.policy.model_knobs and stage_model's context
         "dtype": "bfloat16",

@@ -66,7 +66,7 @@ class Canary:
 
 # Graders run in threads, and ast.parse in two threads at once can fail on CPython 3.11 with
 # "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905; seen on 3.11.7
-# as an episode's infrastructure failure in tests/test_rl_mined.py). One parse at a time.
+# as an episode's infrastructure failure in tests/system/test_rl_mined.py). One parse at a time.
 _PARSE_LOCK = threading.Lock()
 
 

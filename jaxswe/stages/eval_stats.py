@@ -120,7 +120,7 @@ def paired_outcome_difference(
     common random numbers, most episodes of two nearby policies are the same tokens, and the
     difference lives in the discordant pairs, so this is far tighter than treating the stages as
     independent; method 11 keeps coverage at 95% or above where the discordant pairs are few and
-    one-sided (where method 10 falls to ~70%; tests/test_eval_stats.py)."""
+    one-sided (where method 10 falls to ~70%; tests/stages/test_eval_stats.py)."""
     tasks = sorted(set(before) & set(after))
     if not tasks or any(len(before[t]) != len(after[t]) for t in tasks):
         return None

@@ -14,7 +14,7 @@ PASSED, or XFAIL / SKIPPED only where gold had the same.
 
 Text parsers by name: jaxswe's own `pytest` (reads only the last `short test summary info`
 section, so lines an agent's code prints elsewhere are not read) and `django`, which agree with
-the official ones on real logs (tests/envs/tasks/test_parsers_official.py); every other name (e.g.
+the official ones on real logs (tests/environments/tasks/test_parsers_official.py); every other name (e.g.
 `parse_log_sympy`) is the official parser of the `swebench` package (envs.tasks.official).
 """
 

@@ -57,7 +57,7 @@ def test_gold_patch_commands_resolve_every_builtin_task(tok):
     """Every gold fix, typed as commands, resolves its task through the agent loop; the root pdb.py
     written beside it (pytest's debugging plugin imports pdb) never reaches the run: reset, named
     in the grade, and the fix still resolves (the shadow alone resolves nothing:
-    tests/envs/grading/test_grading_forgery.py)."""
+    tests/environments/grading/test_grading_forgery.py)."""
     scripts = [
         [command_reply(c, "Apply the fix.") for c in gold_patch_to_commands(t.patch)] + [SHADOW_PDB, SUBMIT]
         for t in TASKS
@@ -79,7 +79,7 @@ def _files(patch: str) -> set[str]:
 @pytest.mark.slow  # grades every built-in task (~1-2 s each)
 def test_submitting_nothing_resolves_nothing(tok):
     """Through the agent loop, on two tasks (that the empty patch resolves no built-in task is what
-    tests/envs/grading/test_envs_builtin_suite.py validates)."""
+    tests/environments/grading/test_envs_builtin_suite.py validates)."""
     look = command_reply("ls && git status --short", "Let me look around first.")
     trajs = play(tok, TASKS[:2], [[look, SUBMIT]] * 2)
     for task, traj in zip(TASKS[:2], trajs, strict=True):

@@ -12,7 +12,7 @@ import ast
 import functools
 from pathlib import Path
 
-from helpers import ROOT
+from helpers import ROOT, TESTS
 
 PACKAGES = ("jaxswe", "envs", "sharding")
 
@@ -202,3 +202,12 @@ def test_the_graph_sees_function_and_type_checking_imports():
     edges = import_edges()
     assert ("jaxswe.cli.serve", "jaxswe.rollout.weights") in edges  # inside a function
     assert ("jaxswe.cli.report", "envs.tasks.records") in edges  # under TYPE_CHECKING
+
+
+def test_no_test_directory_shadows_a_package():
+    """tests/ is on sys.path (the shared helpers): a directory there named like a top-level package
+    would be imported in its place wherever the checkout's root is not on sys.path."""
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert {"envs", "jaxswe", "sharding"} <= packages
+    shadowing = sorted(d.name for d in TESTS.iterdir() if d.is_dir() and d.name in packages)
+    assert not shadowing, shadowing

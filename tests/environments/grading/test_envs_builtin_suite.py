@@ -2,8 +2,8 @@
 docker backend: every fourth of the 32 (8 tasks, each its own repository and tests), since the
 local backend already grades all of them and Docker's grading path is the same code past the
 sandbox (tests/agent/test_agent_swe_env.py plays every gold fix through the agent loop to reward 1,
-with a root pdb.py that is reset; tests/envs/provision/test_task_environments.py and the attack and forgery
-tests run Docker's sandbox on their own tasks)."""
+with a root pdb.py that is reset; tests/environments/provision/test_task_environments.py and the
+attack and forgery tests run Docker's sandbox on their own tasks)."""
 
 import os
 

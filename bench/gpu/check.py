@@ -417,8 +417,7 @@ def _rl_section(rows: Rows, dry: bool, peaks: dict, preset: str, layers: int, to
     steps = make_steps(cfg, opt_cfg, mesh, rules, attention, loss)
     dapo = steps.dapo
     seq_len = tokens  # one packed row
-    # token-budget batching (micro_batch_rows), as jaxswe.plan.plan_input counts it: 1 row, 1 row shard
-    num_micro = max(1 // (opt_cfg.micro_batch_rows * dapo.row_shards), 1)
+    num_micro = 1  # one packed row is one micro-batch (as jaxswe.plan.plan_input counts rows)
     inp = PlanInput(
         model=cfg.planner_shape(),
         mesh=axes,

@@ -3,6 +3,7 @@ and gradient accumulation over micro-batches."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -80,13 +81,11 @@ def split_micro_batches(batch: Any, num_micro: int) -> Any:
     return jax.tree.map(split, batch)
 
 
-def accumulate_gradients(
-    loss_fn: Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]],
-    params: Any,
-    batch: Any,
-    num_micro: int,
-) -> tuple[jax.Array, dict[str, jax.Array], Any]:
-    """Sum loss, aux and gradients of `loss_fn(params, micro_batch)` over `num_micro` micro-batches.
+def micro_batched_value_and_grad(
+    loss_fn: Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]], num_micro: int
+) -> Callable[[Any, Any], tuple[tuple[jax.Array, dict[str, jax.Array]], Any]]:
+    """`jax.value_and_grad(loss_fn, has_aux=True)`, its loss, aux and gradients summed over
+    `num_micro` micro-batches of the batch (one micro-batch: that function itself).
 
     `loss_fn` must already normalize by the global token count (losses' `num_tokens`), so the sum
     over micro-batches equals the full-batch value. aux entries come back as full-batch values:
@@ -96,8 +95,11 @@ def accumulate_gradients(
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if num_micro == 1:
-        (loss, aux), grads = grad_fn(params, batch)
-        return loss, aux, grads
+        return grad_fn
+    return functools.partial(_accumulate, grad_fn, num_micro=num_micro)
+
+
+def _accumulate(grad_fn, params: Any, batch: Any, *, num_micro: int):
     micro = split_micro_batches(batch, num_micro)
     first = jax.tree.map(lambda x: x[0], micro)
     (_, aux_shape), _ = jax.eval_shape(grad_fn, params, first)
@@ -130,4 +132,4 @@ def accumulate_gradients(
     }
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     chex.assert_trees_all_equal_shapes(grads, params)
-    return loss, aux, grads
+    return (loss, aux), grads

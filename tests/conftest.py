@@ -1,16 +1,26 @@
-"""Test-suite setup: 8 fake CPU devices for sharding tests, float32 matmuls at full precision."""
+"""Test-suite setup: 8 fake CPU devices for sharding tests, float32 matmuls at full precision and
+fast XLA compiles. A test that runs `jaxswe` as a user does runs it without these (`helpers.user_env`)."""
 
 import os
 import subprocess
 import sys
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from helpers import ROOT, user_env
+
+# The suite's programs are tiny, so compiling them is most of their cost: XLA's CPU code is
+# generated at LLVM optimization level 0 (it runs slower, computes the same: IEEE arithmetic either
+# way), one thread per op (the workers share few cores, where intra-op threads only take cycles from
+# each other). Measured on tests/train and tests/model, 2 workers on 2 cores: 295 s -> 146 s.
+os.environ.setdefault(
+    "XLA_FLAGS",
+    "--xla_force_host_platform_device_count=8 --xla_cpu_multi_thread_eigen=false "
+    "--xla_backend_optimization_level=0",
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
-from helpers import ROOT  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -58,7 +68,7 @@ def toy_rl_run(shared_dir):
     sets = ("rl.iterations=2", "rl.resample_to_fill=false", "logging.backends=[tensorboard,wandb,mlflow]")
     argv = [sys.executable, "-m", "jaxswe", "rl", "--config", "configs/toy-rl.yaml", "--run-dir",
             str(run_dir), *(a for s in sets for a in ("--set", s))]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+    env = user_env()
     env |= {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_ALLOW_FILE_STORE": "true",
             "MLFLOW_TRACKING_URI": uri}  # fmt: skip
     with FileLock(shared_dir / "toy_rl_run.lock"):

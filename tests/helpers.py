@@ -1,7 +1,9 @@
-"""Small helpers the tests share: the suite's locations, a free local port and git in a repository."""
+"""Small helpers the tests share: the suite's locations, the environment of a user's `jaxswe`
+process, a free local port and git in a repository."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 from pathlib import Path
@@ -10,6 +12,12 @@ TESTS = Path(__file__).resolve().parent  # tests/: these helpers, conftest.py an
 ROOT = TESTS.parent  # the checkout
 DATA = TESTS / "data"
 REPOS = ROOT.parent / "shared" / "repos"  # ../shared beside the checkout (CI too)
+
+
+def user_env() -> dict[str, str]:
+    """The environment of a `jaxswe` process run as a user runs it: one CPU device, none of the
+    suite's XLA flags (conftest.py)."""
+    return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
 
 
 def free_port() -> int:

@@ -35,7 +35,7 @@ from jaxswe.errors import UserError
 from jaxswe.losses import LossSettings, dapo_loss, off_policy_weights, sft_loss
 from jaxswe.model.attention import mesh_attention
 from jaxswe.model.config import Qwen2Config
-from jaxswe.optim import accumulate_gradients
+from jaxswe.optim import micro_batched_value_and_grad
 from jaxswe.packing import TokenBatch, step_fields
 from jaxswe.train.logprobs import policy_logprobs
 from jaxswe.train.state import TrainState, train_state_shardings
@@ -167,7 +167,7 @@ def _make_step(setup: _Setup, optimizer, keys, loss_fn, lr_schedule) -> Callable
             num_micro = setup.micro_count(batch.input_ids.shape[0])
             micro = interleave_rows(batch, num_micro, setup.row_shards)
             loss_of_micro = functools.partial(loss_fn, num_tokens=num_tokens)
-            loss, aux, grads = accumulate_gradients(loss_of_micro, state.params, micro, num_micro)
+            (loss, aux), grads = micro_batched_value_and_grad(loss_of_micro, num_micro)(state.params, micro)
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
         metrics = {

@@ -1,6 +1,5 @@
 """The `jaxswe` command line: help, module entry point, and one-line errors with exit code 2."""
 
-import os
 import re
 import signal
 import subprocess
@@ -8,7 +7,7 @@ import sys
 import time
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, user_env
 
 from jaxswe.cli import _COMMAND_MODULES
 
@@ -117,7 +116,7 @@ def test_a_second_ctrl_c_exits_at_once_during_the_first_ones_cleanup():
 def test_progress_in_a_log_file_is_periodic_lines(tmp_path):
     """stderr a file: RFT sampling, its SFT steps and the stage's eval report in at most ~10 plain
     lines each (no carriage-return bar), the last one at the total."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = user_env()
     log = tmp_path / "stderr.txt"
     argv = ["rft", "--config", str(ROOT / "configs" / "toy-rl.yaml"), "--run-dir", str(tmp_path / "rft")]
     t0 = time.monotonic()

@@ -5,7 +5,6 @@ The interrupted run checkpoints every 2 iterations (`rl.checkpoint_every`), the 
 iteration: the cadence changes nothing but where a resume starts."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import TESTS
+from helpers import TESTS, user_env
 
 from jaxswe.run.metrics import read_rows
 
@@ -22,7 +21,7 @@ ITERATIONS = 3
 
 
 def _start(run_dir, *args, cache, every=2):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device (test_stages_handoff.py)
+    env = user_env()
     env |= {"JAXSWE_TEST_CACHE": str(cache), "JAX_PLATFORMS": "cpu"}
     return subprocess.Popen(
         [sys.executable, str(CHILD), str(run_dir), str(ITERATIONS), "--checkpoint-every", str(every), *args],

@@ -5,7 +5,6 @@ ratio, stale groups are not trained, and `jaxswe rl ... --set rl.max_staleness=1
 
 import asyncio
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -18,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import DATA, ROOT
+from helpers import DATA, ROOT, user_env
 from rl_toy_helpers import toy_policy
 
 from envs.toy import ToyEnv
@@ -65,7 +64,7 @@ def test_k0_reproduces_the_synchronous_loop_rows_through_ctrl_c_and_resume(tmp_p
     sets += ("logging.backends=[]",)  # no TensorBoard: its torch import is most of a process start
     run_dir = tmp_path / "run"
     stage = run_dir / "rl"  # RUN_DIR/<stage>
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = user_env()
     argv = ["rl", "--config", str(CONFIG), "--run-dir", str(run_dir)]
     argv += [a for s in sets for a in ("--set", s)]
     log = tmp_path / "stderr.txt"  # a file: no pipe fills while the test waits

@@ -3,13 +3,12 @@
 whatever the load and timing that decide which requests the embedded sampler batches together."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, user_env
 
 CONFIG = ROOT / "configs" / "toy-rl.yaml"
 
@@ -36,7 +35,7 @@ def _run(run_dir: Path, episodes_in_flight: int) -> tuple[list[dict], list[dict]
         str(run_dir),
         *(a for s in sets for a in ("--set", s)),
     ]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+    env = user_env()
     done = subprocess.run(
         [sys.executable, "-m", "jaxswe", *argv], env=env, cwd=ROOT, capture_output=True, text=True
     )

@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.docker]
 engines = second_engine
 TASKS = ["builtin__roman-1", "builtin__slugify-1"]
 AGENT = {"prompts": "demo", "window_lines": 5, "max_turns": 4, "max_context_tokens": 640}
-ITERATIONS, GROUP = 3, 4
+ITERATIONS, GROUP = 4, 4
 
 
 def _get(url: str, timeout: float = 5):

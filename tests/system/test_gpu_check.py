@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, user_env
 
 CHECK = ROOT / "bench" / "gpu" / "check.py"
 
@@ -54,7 +54,7 @@ def test_gpu_check_cpu_dry_run(tmp_path):
     for name in ("pydantic", "typer"):  # absent from the GPU image: the check must not need them
         (blocked / name).mkdir(parents=True)
         (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is not on the GPU image')\n")
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, like one GPU
+    env = user_env()
     env["PYTHONPATH"] = os.pathsep.join([str(blocked), str(ROOT)])
     out = tmp_path / "out"
     proc = subprocess.run(

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, user_env
 
 from jaxswe.run.metrics import read_rows
 
@@ -47,7 +47,7 @@ def run_toy_rl(run_dir: Path, *sets: str) -> list[dict]:
     """`jaxswe rl --config configs/toy-rl.yaml` as a user runs it: its own process, one CPU device
     (not the suite's 8 fake devices, whose collectives can hit XLA's rendezvous timeout on a
     loaded 2-core machine)."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = user_env()
     argv = [sys.executable, "-m", "jaxswe", "rl", "--config", str(CONFIG), "--run-dir", str(run_dir)]
     argv += [a for o in ("logging.backends=[]", *sets) for a in ("--set", o)]  # TensorBoard: test_metrics.py
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1500, cwd=CONFIG.parents[1])

@@ -6,14 +6,13 @@ tests/rl/test_rl_async.py). Each a real `jaxswe` subprocess on a tiny toy RL sta
 import asyncio
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, user_env
 
 from jaxswe.cli import main
 from jaxswe.config import config_from_dict
@@ -29,7 +28,7 @@ TINY = ("rl.iterations=1", "rl.problems_per_iteration=2", "rl.group_size=2", "rl
 
 
 def _jaxswe(*args: str, sets: tuple[str, ...] = TINY) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user has
+    env = user_env()
     argv = [*args, *(a for s in sets for a in ("--set", s))]
     return subprocess.run(
         [sys.executable, "-m", "jaxswe", *argv], env=env, capture_output=True, text=True, timeout=300
@@ -144,7 +143,7 @@ for _ in range(5):
 def test_jax_fork_warning_prints_once_per_process(mode, copies):
     """What the CLI installs first: each warning once per process. Without it JAX's os.fork()
     warning prints at every sandbox command (thousands in a demo's stderr)."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = user_env()
     out = subprocess.run([sys.executable, "-c", _FORKS, mode], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("RuntimeWarning: os.fork() was called") == copies, out.stderr

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from jaxswe.config import OptimizerSection
-from jaxswe.optim import accumulate_gradients, make_optimizer, make_schedule
+from jaxswe.optim import make_optimizer, make_schedule, micro_batched_value_and_grad
 
 
 def test_cosine_schedule_warms_up_then_decays_to_zero():
@@ -55,9 +55,7 @@ def test_accumulated_gradients_equal_full_batch(num_micro):
         err = batch["x"] @ p["w"] + p["b"] - batch["y"]
         return jnp.sum(err**2) / 8.0, {"sq": jnp.mean(err**2)}
 
-    loss, _, grads = jax.jit(lambda p, b: accumulate_gradients(loss_fn, p, b, num_micro))(
-        params, {"x": x, "y": y}
-    )
+    (loss, _), grads = jax.jit(micro_batched_value_and_grad(loss_fn, num_micro))(params, {"x": x, "y": y})
     (ref_loss, _), ref_grads = jax.value_and_grad(loss_fn, has_aux=True)(params, {"x": x, "y": y})
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
     for k in params:
@@ -66,7 +64,7 @@ def test_accumulated_gradients_equal_full_batch(num_micro):
 
 def test_micro_batches_must_divide_batch():
     with pytest.raises(ValueError, match="not divisible"):
-        accumulate_gradients(lambda p, b: (jnp.sum(b), {}), {}, jnp.ones((6, 2)), 4)
+        micro_batched_value_and_grad(lambda p, b: (jnp.sum(b), {}), 4)({}, jnp.ones((6, 2)))
 
 
 @pytest.mark.parametrize("num_micro", [2, 4])
@@ -92,7 +90,7 @@ def test_micro_batched_aux_equals_full_batch_aux(num_micro):
     def loss_fn(p, mb):
         return dapo_loss(p["s"] * mb["x"], mb["old"], mb["adv"], mb["mask"], num_tokens=total)
 
-    _, aux, _ = jax.jit(lambda p, bt: accumulate_gradients(loss_fn, p, bt, num_micro))(params, batch)
+    (_, aux), _ = jax.jit(micro_batched_value_and_grad(loss_fn, num_micro))(params, batch)
     _, ref = loss_fn(params, batch)
     assert set(aux) == set(ref)
     for key in ref:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPOS, ROOT
+from helpers import REPOS, ROOT, user_env
 from test_grading_twins import SPARES_CANARIES_UNITTEST
 
 from envs.grading.grader import grade
@@ -268,7 +268,7 @@ def _weak_tests_found_and_dropped_from_rl(mined: Path, tmp_path: Path) -> None:
     dropped. One tiny iteration: the facts are the filter's."""
     measured = tmp_path / "measured.jsonl"
     jaxswe = [sys.executable, "-m", "jaxswe"]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+    env = user_env()
     audit = subprocess.run([*jaxswe, "tasks", "filter", str(mined), "--min-strength", "0", "--budget", "3",
                             "--workers", "1", "--out", str(measured)], capture_output=True, text=True,
                            env=env, timeout=600)  # fmt: skip

@@ -27,12 +27,14 @@ pytestmark = pytest.mark.slow
 
 
 def _env(cache: Path, devices: int) -> dict[str, str]:
+    """A child's environment: `devices` CPU devices, compiled at LLVM level 0 (several CPU processes
+    get no compile cache, so each compiles every program cold: conftest.py's trade)."""
     return {
         **os.environ,
         "JAXSWE_TEST_CACHE": str(cache),
         "JAXSWE_COMPILE_CACHE": str(cache),
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0",
         "PYTHONPATH": str(ROOT),
     }
 

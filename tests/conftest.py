@@ -9,9 +9,10 @@ import tempfile
 from helpers import ROOT, user_env
 
 # The suite's programs are tiny, so compiling them is most of their cost: XLA's CPU code is
-# generated at LLVM optimization level 0 (it runs slower, computes the same: IEEE arithmetic either
-# way), one thread per op (the workers share few cores, where intra-op threads only take cycles from
-# each other). Measured on tests/train and tests/model, 2 workers on 2 cores: 295 s -> 146 s.
+# generated at LLVM optimization level 0 (slower code, no fast-math at either level; every
+# numerical test holds at it) with one thread per op (the workers share few cores, where intra-op
+# threads only take cycles from each other). tests/train and tests/model, 2 workers on 2 cores:
+# 295 s -> 146 s (docs/performance.md, "CI time").
 os.environ.setdefault(
     "XLA_FLAGS",
     "--xla_force_host_platform_device_count=8 --xla_cpu_multi_thread_eigen=false "

@@ -84,8 +84,8 @@ def split_micro_batches(batch: Any, num_micro: int) -> Any:
 def micro_batched_value_and_grad(
     loss_fn: Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]], num_micro: int
 ) -> Callable[[Any, Any], tuple[tuple[jax.Array, dict[str, jax.Array]], Any]]:
-    """`jax.value_and_grad(loss_fn, has_aux=True)`, its loss, aux and gradients summed over
-    `num_micro` micro-batches of the batch (one micro-batch: that function itself).
+    """`jax.value_and_grad(loss_fn, has_aux=True)` over a batch split into `num_micro` micro-batches,
+    loss, aux and gradients summed in a scan; with one micro-batch, that function itself.
 
     `loss_fn` must already normalize by the global token count (losses' `num_tokens`), so the sum
     over micro-batches equals the full-batch value. aux entries come back as full-batch values:
@@ -99,7 +99,8 @@ def micro_batched_value_and_grad(
     return functools.partial(_accumulate, grad_fn, num_micro=num_micro)
 
 
-def _accumulate(grad_fn, params: Any, batch: Any, *, num_micro: int):
+def _accumulate(grad_fn: Callable, params: Any, batch: Any, *, num_micro: int) -> tuple[tuple[Any, Any], Any]:
+    """((loss, aux), grads) of `grad_fn` summed over the micro-batches, one at a time."""
     micro = split_micro_batches(batch, num_micro)
     first = jax.tree.map(lambda x: x[0], micro)
     (_, aux_shape), _ = jax.eval_shape(grad_fn, params, first)

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.slow
 
 
 def _env(cache: Path, devices: int) -> dict[str, str]:
-    """A child's environment: `devices` CPU devices, compiled at LLVM level 0 (several CPU processes
-    get no compile cache, so each compiles every program cold: conftest.py's trade)."""
+    """A child's environment: `devices` CPU devices, XLA's code generated at LLVM level 0 (several
+    CPU processes get no compile cache, so each compiles every program cold; tests/conftest.py)."""
     return {
         **os.environ,
         "JAXSWE_TEST_CACHE": str(cache),
